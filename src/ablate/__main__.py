@@ -1,0 +1,41 @@
+"""`python -m ablate [overrides]`: validate -> launch (local ranks or Slurm) -> train on each rank."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import CONF_DIR
+from ablate.cli import fail, preflight
+from ablate.config import ConfigError, register, validate
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_main(cfg: DictConfig):
+    from ablate import launcher
+
+    runtime = HydraConfig.get().runtime
+    try:
+        typed = validate(cfg)
+    except ConfigError as e:
+        fail(str(e))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    choices = {k: v for k, v in runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    return launcher.launch(typed, resolved, Path(runtime.output_dir), choices)
+
+
+def main() -> None:
+    try:
+        preflight(sys.argv[1:])
+    except ConfigError as e:
+        fail(str(e))
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

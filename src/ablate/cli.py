@@ -1,0 +1,99 @@
+"""Command-line checks before Hydra runs anything: a bad choice, type or value, or a combination this
+machine cannot run, ends in ONE line naming the key and the valid choices, exit code 2, no traceback,
+and no run directory created."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from ablate import CONF_DIR
+from ablate.config import AblateConfig, ConfigError, register, validate
+
+EXIT_USAGE = 2
+
+
+def fail(message: str) -> "NoReturn":  # noqa: F821
+    print(f"ablate: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def group_choices(conf_dir: Path = CONF_DIR) -> Dict[str, List[str]]:
+    """{group: [choice, ...]} from the YAML files under conf/ (the sweep group included)."""
+    out = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in conf_dir.iterdir() if d.is_dir()}
+    return out
+
+
+def _overrides(argv: List[str]) -> List[str]:
+    """Hydra's positional overrides (flags such as -m, --cfg job, hydra.* settings left out)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            skip = arg in ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                           "--config-dir", "-cd", "--experimental-rerun", "--info", "-i") and "=" not in arg
+            continue
+        if not arg.lstrip("+~").startswith("hydra"):
+            out.append(arg)
+    return out
+
+
+def _check_choices(parsed, choices: Dict[str, List[str]]) -> None:
+    for o in parsed:
+        group = o.key_or_group
+        if group not in choices or o.is_delete():
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_string()]
+        for value in values:
+            if value not in choices[group]:
+                raise ConfigError(f"{group}={value}: no such choice for '{group}'; valid choices: "
+                                  f"{', '.join(choices[group])}")
+
+
+def _first_line(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    text = str(cause if cause is not None and str(cause) else e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_hardware(cfg: AblateConfig) -> None:
+    """What this machine cannot run, said before anything starts (Slurm nodes check for themselves)."""
+    if cfg.launcher.name != "local":
+        return
+    import torch
+
+    from ablate.precision import check_hardware as check_precision
+
+    device = torch.device("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
+    check_precision(cfg.precision, device)
+
+
+def preflight(argv: List[str]) -> None:
+    """Compose every combination the command line asks for and validate it, or fail in one line."""
+    register()
+    overrides = _overrides(argv)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:
+        raise ConfigError(_first_line(e)) from None
+    _check_choices(parsed, group_choices())
+    combos = BasicSweeper.split_arguments(parsed, None)[0] if parsed else [[]]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="ablate"):
+        for combo in combos:
+            try:
+                cfg = compose("config", overrides=list(combo))
+            except Exception as e:
+                raise ConfigError(_first_line(e)) from None
+            try:
+                typed = validate(cfg)
+            except ConfigError:
+                raise
+            except Exception as e:
+                raise ConfigError(_first_line(e)) from None
+            check_hardware(typed)

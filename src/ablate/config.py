@@ -1,0 +1,263 @@
+"""Structured configs: one dataclass per config group, registered in Hydra's ConfigStore.
+
+`conf/<group>/<choice>.yaml` files fill these schemas; OmegaConf checks types while Hydra composes,
+and `validate()` checks values (each dataclass's `__post_init__`) and what this hardware can run.
+A bad value ends in one `ConfigError` line naming the key and the valid choices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config: printed as one line, never a traceback."""
+
+
+def _choice(key: str, value: Any, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value}: not a valid choice; valid choices: {', '.join(map(str, valid))}")
+
+
+def _at_least(key: str, value, low) -> None:
+    if value is None or value < low:
+        raise ConfigError(f"{key}={value}: must be >= {low}")
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder. Sizes follow Meta's published Llama 3 configs (see conf/model/*.yaml)."""
+    name: str = "tiny"
+    dim: int = 64                  # hidden size
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2            # < n_heads: grouped-query attention
+    vocab_size: int = 256
+    ffn_hidden: int = 192          # SwiGLU inner size
+    max_seq_len: int = 256         # RoPE table length
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    activation_checkpointing: bool = False   # recompute each block's forward in backward (8N accounting)
+    attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
+
+    def __post_init__(self):
+        for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden", "max_seq_len"):
+            _at_least(f"model.{k}", getattr(self, k), 1)
+        _choice("model.attention", self.attention, ("sdpa", "math"))
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
+                              f"{self.n_kv_heads}: dim must divide by n_heads and n_heads by n_kv_heads")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop. `batch_size` is per rank and per micro-step."""
+    steps: int = 40                # optimizer steps
+    warmup_steps: int = 5          # excluded from every speed figure (compile, allocator warm-up)
+    batch_size: int = 8
+    seq_len: int = 64
+    seq_len_min: Optional[int] = None   # set: each batch's length is drawn from [seq_len_min, seq_len]
+    grad_accum: int = 1            # micro-steps per optimizer step
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0     # 0 disables clipping (the norm is still measured)
+    log_every: int = 5
+    seed: int = 0
+    compile: bool = False          # torch.compile the model
+    device: str = "auto"           # auto | cpu | cuda
+    resume: Optional[str] = None   # a checkpoint file or run directory to continue
+    checkpoint_every: int = 0      # 0: only on preemption and at the end
+
+    def __post_init__(self):
+        _at_least("train.steps", self.steps, 1)
+        _at_least("train.warmup_steps", self.warmup_steps, 0)
+        if self.warmup_steps >= self.steps:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be < train.steps={self.steps}")
+        for k in ("batch_size", "seq_len", "grad_accum", "log_every"):
+            _at_least(f"train.{k}", getattr(self, k), 1)
+        if self.seq_len_min is not None and not 1 <= self.seq_len_min <= self.seq_len:
+            raise ConfigError(f"train.seq_len_min={self.seq_len_min}: must be in [1, train.seq_len={self.seq_len}]")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr={self.lr}: must be > 0")
+        _at_least("train.max_grad_norm", self.max_grad_norm, 0)
+        _at_least("train.checkpoint_every", self.checkpoint_every, 0)
+        _choice("train.device", self.device, ("auto", "cpu", "cuda"))
+
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric format of the forward/backward. fp16 adds a dynamic GradScaler."""
+    name: str = "fp32"
+    init_scale: float = 65536.0    # GradScaler (fp16 only)
+    growth_interval: int = 2000
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    fp8_recipe: str = "tensorwise"  # torchao Float8LinearConfig recipe (E4M3 forward, E5M2 gradients)
+
+    def __post_init__(self):
+        _choice("precision.name", self.name, PRECISIONS)
+        _at_least("precision.growth_interval", self.growth_interval, 1)
+        if self.init_scale <= 0:
+            raise ConfigError(f"precision.init_scale={self.init_scale}: must be > 0")
+
+
+PARALLELS = ("none", "ddp", "fsdp2", "zero1", "zero2", "zero3")
+
+
+@dataclass
+class ParallelConfig:
+    """Data-parallel strategy. DeepSpeed fields apply to zero1/2/3 only."""
+    name: str = "none"
+    no_sync: bool = True                 # ddp: all-reduce once per optimizer step, not every micro-step
+    reshard_after_forward: bool = True   # fsdp2
+    overlap_comm: bool = True            # deepspeed: overlap reduction with backward
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = 50_000_000
+    allgather_bucket_size: int = 50_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    offload_optimizer: bool = False
+
+    def __post_init__(self):
+        _choice("parallel.name", self.name, PARALLELS)
+
+    @property
+    def zero_stage(self) -> Optional[int]:
+        return int(self.name[-1]) if self.name.startswith("zero") else None
+
+
+@dataclass
+class AllocatorConfig:
+    """CUDA caching-allocator settings, written to PYTORCH_ALLOC_CONF before CUDA starts."""
+    name: str = "default"
+    expandable_segments: bool = False
+    max_split_size_mb: Optional[int] = None
+    garbage_collection_threshold: Optional[float] = None
+    extra: str = ""                      # appended verbatim, e.g. "roundup_power2_divisions:4"
+
+
+@dataclass
+class DataloaderConfig:
+    """How batches reach the device."""
+    name: str = "naive"
+    num_workers: int = 0
+    pin_memory: bool = False
+    non_blocking: bool = False
+    prefetch_factor: Optional[int] = None
+    persistent_workers: bool = False
+    cuda_prefetch: bool = False          # copy batch k+1 on a side stream while step k computes
+    read_latency_ms: float = 0.0         # simulated storage latency per batch
+
+    def __post_init__(self):
+        _at_least("dataloader.num_workers", self.num_workers, 0)
+        _at_least("dataloader.read_latency_ms", self.read_latency_ms, 0)
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
+            raise ConfigError("dataloader.prefetch_factor/persistent_workers need dataloader.num_workers >= 1")
+
+
+@dataclass
+class NcclConfig:
+    """NCCL/CUDA environment, applied before any process group exists. Empty values set nothing."""
+    name: str = "default"
+    env: Dict[str, str] = field(default_factory=dict)
+    async_error_handling: Optional[int] = None   # written under the name the installed torch reads
+
+
+@dataclass
+class LoggerConfig:
+    """Where figures go besides metrics.jsonl/summary.json."""
+    name: str = "wandb"
+    project: str = "ablate"
+    entity: Optional[str] = None
+    mode: str = "auto"                   # auto: online with credentials, else offline
+    group: Optional[str] = None          # W&B group (a sweep's name)
+    job_type: Optional[str] = None       # W&B job_type (a week-4 claim)
+    tags: List[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        _choice("logger.name", self.name, ("wandb", "none"))
+        _choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
+
+
+@dataclass
+class LauncherConfig:
+    """Where the ranks run: local processes, or a Slurm job through submitit."""
+    name: str = "local"
+    nproc_per_node: int = 1
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    timeout_min: int = 60
+    signal_delay_s: int = 90
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    setup: List[str] = field(default_factory=list)
+    wait: bool = True
+    dry_run: bool = False
+    max_restarts: int = 3                # requeues after preemption/time limit
+    folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
+
+    def __post_init__(self):
+        _choice("launcher.name", self.name, ("local", "slurm"))
+        for k in ("nproc_per_node", "nodes", "cpus_per_task"):
+            _at_least(f"launcher.{k}", getattr(self, k), 1)
+        _at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+@dataclass
+class MetricsConfig:
+    """Measurement knobs (not a group: plain fields under `metrics`)."""
+    peak_tflops: Optional[float] = None  # override the datasheet/measured peak
+    gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
+    gemm_probe_n: int = 0                # 0: 8192 on CUDA, 1024 on CPU
+    nvml_interval_s: float = 0.2
+
+
+@dataclass
+class AblateConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    dataloader: DataloaderConfig = field(default_factory=DataloaderConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    sweep: Dict[str, Any] = field(default_factory=dict)   # a sweeps/ file's claim metadata, if any
+
+    def __post_init__(self):
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ConfigError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
+                              f"{self.model.max_seq_len}")
+
+
+GROUPS = ("model", "train", "precision", "parallel", "allocator", "dataloader", "nccl", "logger", "launcher")
+
+
+def register() -> None:
+    """Register the schema: conf/config.yaml's defaults list starts from `ablate_schema`, so every group
+    file is merged into its typed dataclass (an unknown key or a wrong type fails composition)."""
+    ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+
+
+def validate(cfg: DictConfig) -> AblateConfig:
+    """Typed, value-checked config object (runs every `__post_init__`)."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    return OmegaConf.to_object(plain)

@@ -1,0 +1,117 @@
+"""FLOPs per token, MFU and HFU, peak FLOP/s (datasheet table and a measured GEMM probe).
+
+Accounting (stated, since peers differ):
+- N = matmul parameters of the transformer blocks (q, k, v, o, w1, w2, w3); the token embedding is a
+  lookup and costs no FLOPs; the LM head (dim x vocab) is counted separately.
+- Per token, forward = 2N + 2*head + attention; backward = 2x forward. So training = 6N + 6*head + attn.
+- Attention: QK^T and AV each cost 2*seq*dim per token per layer in the forward, so 12*layers*dim*seq
+  for training. We count the full seq x seq product (PaLM, torchtitan); we do NOT halve it for the
+  causal mask (recent Megatron does), so our MFU is comparable to torchtitan's.
+- MFU uses model FLOPs (the above). HFU adds what activation checkpointing recomputes: one more forward
+  of each block (the article's 8N instead of 6N; attention 16 instead of 12), the LM head is not
+  checkpointed.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ablate.config import ModelConfig
+
+# Dense (no sparsity) peak TFLOP/s per GPU by datasheet, tensor-core bf16/fp16; fp8 is twice that.
+# fp32 is the plain (non-TF32) CUDA-core rate, which torch uses for fp32 matmuls by default.
+PEAK_TFLOPS = {
+    # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 (624 sparse), FP32 19.5
+    "A100": {"bf16": 312.0, "fp32": 19.5},
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), SXM: BF16 989 (1,979 sparse), FP32 67
+    "H100 SXM": {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0},
+    # same datasheet, PCIe: BF16 756 (1,513 sparse), FP32 51
+    "H100 PCIe": {"bf16": 756.0, "fp8": 1513.0, "fp32": 51.0},
+    # NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: BF16 989 (1,979 sparse), FP32 67
+    "H200": {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0},
+    # NVIDIA DGX B200 datasheet (2024): 72 PF fp8 sparse training for 8 GPUs -> 2,250 dense bf16 per GPU
+    "B200": {"bf16": 2250.0, "fp8": 4500.0},
+}
+DTYPE_KEY = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}  # fp16 peak == bf16 peak
+
+
+def device_family(device_name: str) -> Optional[str]:
+    """Datasheet row for a torch.cuda.get_device_name() string, or None if unknown."""
+    name = device_name.upper()
+    if "H100" in name:
+        return "H100 PCIe" if "PCIE" in name else "H100 SXM"   # "NVIDIA H100 80GB HBM3" is the SXM part
+    for family in ("A100", "H200", "B200"):
+        if family in name:
+            return family
+    return None
+
+
+def datasheet_peak(device_name: str, precision: str) -> Optional[float]:
+    """Peak FLOP/s for this device and precision, or None (with a warning) when not in the table."""
+    family = device_family(device_name)
+    peak = PEAK_TFLOPS.get(family, {}).get(DTYPE_KEY[precision]) if family else None
+    if peak is None:
+        warnings.warn(f"no datasheet peak for {device_name!r} in {precision}: no datasheet MFU "
+                      "(set metrics.peak_tflops to give one)", stacklevel=2)
+        return None
+    return peak * 1e12
+
+
+@dataclass
+class FlopsPerToken:
+    model: float      # for MFU
+    hardware: float   # for HFU (recompute included)
+
+
+def block_matmul_params(cfg: ModelConfig) -> int:
+    head_dim = cfg.dim // cfg.n_heads
+    attn = cfg.dim * head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+    ffn = 3 * cfg.dim * cfg.ffn_hidden
+    return cfg.n_layers * (attn + ffn)
+
+
+def training_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> FlopsPerToken:
+    """FLOPs to train on `tokens` tokens; `tokens_x_len` = sum over batches of tokens * sequence length
+    (the attention term grows with the length, so batches of several lengths sum exactly)."""
+    n = block_matmul_params(cfg)
+    head = cfg.dim * cfg.vocab_size
+    dense_fwd = 2 * (n + head) * tokens
+    attn_fwd = 4 * cfg.n_layers * cfg.dim * tokens_x_len
+    model = 3 * (dense_fwd + attn_fwd)
+    recompute = (2 * n * tokens + attn_fwd) if cfg.activation_checkpointing else 0
+    return FlopsPerToken(model=float(model), hardware=float(model + recompute))
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> FlopsPerToken:
+    return training_flops(cfg, 1, seq_len)
+
+
+def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Optional[float]) -> Optional[float]:
+    """Achieved FLOP/s over peak FLOP/s; None when there is no peak to compare with."""
+    if not peak_flops:
+        return None
+    return tokens_per_s_per_device * flops / peak_flops
+
+
+def gemm_probe(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> Tuple[float, float]:
+    """This machine's matmul rate: median of `repeats` n x n x n products after a warm-up.
+    Returns (FLOP/s, seconds spent)."""
+    started = time.perf_counter()
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(repeats + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times), time.perf_counter() - started

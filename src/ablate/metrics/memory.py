@@ -1,0 +1,60 @@
+"""Memory figures and our fragmentation definition.
+
+Fragmentation (no peer logs one, so we define it and log its inputs):
+    fragmentation        = 1 - active_bytes.all.peak / reserved_bytes.all.peak
+        the share of memory the caching allocator holds from CUDA that live tensors never used in
+        the interval (cached free blocks, rounding, blocks split too small to reuse).
+    inactive_split_frac  = inactive_split_bytes.all.peak / reserved_bytes.all.peak
+        the share sitting in split blocks that are free but cannot serve a larger request: the
+        "false OOM" memory of week-4 C5.
+Peaks are reset at every log interval, so each figure describes that interval.
+On a CPU there is no caching allocator: fragmentation is None, with the reason.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Dict, Optional
+
+import torch
+
+CUDA_KEYS = ("allocated_bytes.all.peak", "active_bytes.all.peak", "reserved_bytes.all.peak",
+             "requested_bytes.all.peak", "inactive_split_bytes.all.peak", "reserved_bytes.all.current",
+             "num_alloc_retries", "num_ooms")
+NO_CUDA_REASON = "no CUDA device: fragmentation is a property of the CUDA caching allocator"
+
+
+def fragmentation(stats: Dict[str, int]) -> Dict[str, Optional[float]]:
+    """The two ratios above from a torch.cuda.memory_stats() dict; None where reserved is 0."""
+    reserved = stats.get("reserved_bytes.all.peak", 0)
+    if not reserved:
+        return {"fragmentation": None, "inactive_split_frac": None}
+    return {"fragmentation": 1.0 - stats.get("active_bytes.all.peak", 0) / reserved,
+            "inactive_split_frac": stats.get("inactive_split_bytes.all.peak", 0) / reserved}
+
+
+def cuda_interval(device: torch.device) -> Dict[str, object]:
+    """This interval's CUDA memory figures (then resets the peaks for the next one)."""
+    stats = torch.cuda.memory_stats(device)
+    out = {f"mem/{k}": stats.get(k, 0) for k in CUDA_KEYS}
+    out.update({f"mem/{k}": v for k, v in fragmentation(stats).items()})
+    out["mem_peak_bytes"] = stats.get("allocated_bytes.all.peak", 0)
+    out["mem_reserved_bytes"] = stats.get("reserved_bytes.all.peak", 0)
+    out["fragmentation"] = out["mem/fragmentation"]
+    torch.cuda.reset_peak_memory_stats(device)
+    return out
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def cpu_interval() -> Dict[str, object]:
+    rss = peak_rss_bytes()
+    return {"mem/peak_rss_bytes": rss, "mem_peak_bytes": rss, "mem_reserved_bytes": None, "fragmentation": None}
+
+
+def interval(device: torch.device) -> Dict[str, object]:
+    return cuda_interval(device) if device.type == "cuda" else cpu_interval()

@@ -1,0 +1,191 @@
+"""The run's figures: interval accounting at log steps, and the end-of-run summary.
+
+Speed figures cover only steps after `train.warmup_steps`; the device is synchronised at log steps
+only. Every key of the summary is always present: a figure that cannot be measured here is None and
+`notes[key]` says why.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, Optional
+
+import torch
+
+from ablate.config import AblateConfig
+from ablate.metrics import flops as F
+from ablate.metrics import memory
+from ablate.metrics.nvml import UtilSampler
+from ablate.metrics.timing import PhaseClock, synchronize
+
+PROBE_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+
+
+class Peak:
+    """Peak FLOP/s per device: override > datasheet > measured (GEMM probe), each kept for the record."""
+
+    def __init__(self, cfg: AblateConfig, device: torch.device, notes: Dict[str, str]):
+        self.datasheet = self.measured = self.probe_s = None
+        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        if device.type == "cuda":
+            self.datasheet = F.datasheet_peak(self.device_name, cfg.precision.name)
+        if cfg.metrics.gemm_probe:
+            n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
+            self.measured, self.probe_s = F.gemm_probe(device, PROBE_DTYPE[cfg.precision.name], n)
+        override = cfg.metrics.peak_tflops * 1e12 if cfg.metrics.peak_tflops else None
+        self.value, self.source = next(((v, s) for v, s in ((override, "override"), (self.datasheet, "datasheet"),
+                                                           (self.measured, "measured")) if v), (None, None))
+        if self.value is None:
+            notes["mfu"] = f"no peak FLOP/s for {self.device_name}: no datasheet entry, probe off, no override"
+        elif self.source == "measured":
+            notes["mfu"] = (f"MFU is relative to this machine's measured {cfg.precision.name} matmul rate "
+                            f"(GEMM probe), not a datasheet peak: {self.device_name} has none")
+
+
+class Meter:
+    def __init__(self, cfg: AblateConfig, device: torch.device, world_size: int, feeder, strategy):
+        self.cfg, self.device, self.world_size = cfg, device, world_size
+        self.feeder, self.strategy = feeder, strategy
+        self.notes: Dict[str, str] = {}
+        self.peak = Peak(cfg, device, self.notes)
+        self.clock = PhaseClock(device)
+        self.nvml = UtilSampler(device.index or 0, cfg.metrics.nvml_interval_s) if device.type == "cuda" else None
+        if self.nvml is None or self.nvml.reason:
+            self.notes["gpu_util"] = self.nvml.reason if self.nvml else "no GPU: NVML utilisation does not apply"
+        if device.type != "cuda":
+            self.notes["fragmentation"] = memory.NO_CUDA_REASON
+            self.notes["mem_reserved_bytes"] = "no CUDA caching allocator on a CPU; mem_peak_bytes is peak RSS"
+        self.loss_sum = torch.zeros((), device=device)
+        self.loss_count = 0
+        self.nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.grad_norm = torch.zeros((), device=device)
+        self.measuring = False
+        self.totals = dict(time=0.0, steps=0, tokens=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
+                           fwd_bwd=0.0, optimizer=0.0)
+        self.last: Dict[str, object] = {}
+        self.util_samples = []
+        self.mem_max: Dict[str, Optional[int]] = {}
+        self._mark()
+
+    # -- called by the training loop, no device sync -------------------------------------------
+    def on_micro(self, loss: torch.Tensor) -> None:
+        loss = loss.detach()
+        self.nonfinite += (~torch.isfinite(loss)).long()
+        self.loss_sum += loss
+        self.loss_count += 1
+
+    def on_step(self, grad_norm: torch.Tensor) -> None:
+        self.grad_norm = grad_norm.detach()
+        if self.strategy.precision.scaler is not None:   # the scaler skips exactly the non-finite-grad steps
+            self.skipped += (~torch.isfinite(self.grad_norm)).long()
+        if self.measuring:
+            self.totals["steps"] += 1
+
+    def start_measuring(self) -> None:
+        """Warm-up is over: figures from here on count."""
+        synchronize(self.device)
+        self._mark()
+        self.clock.take()
+        self.measuring = True
+
+    # -- at log steps -----------------------------------------------------------------------------
+    def _mark(self) -> None:
+        self._t0 = time.perf_counter()
+        self._tokens0, self._txl0 = self.feeder.tokens, self.feeder.tokens_x_len
+        self._wait0, self._copy0 = self.feeder.wait_s, self.feeder.copy_s
+        self._comm0 = (self.strategy.comm.bytes, self.strategy.comm.calls)
+        self._steps0 = self.totals["steps"]
+
+    def log_point(self, step: int) -> Dict[str, object]:
+        synchronize(self.device)
+        elapsed = time.perf_counter() - self._t0
+        phases = self.clock.take()
+        row: Dict[str, object] = {"step": step, "loss": (self.loss_sum / max(self.loss_count, 1)).item(),
+                                  "grad_norm": self.grad_norm.item(), "nonfinite_steps": int(self.nonfinite.item()),
+                                  "scaler_skipped_steps": int(self.skipped.item()),
+                                  "loss_scale": self.strategy.precision.loss_scale()}
+        self.loss_sum.zero_()
+        self.loss_count = 0
+        mem = memory.interval(self.device)
+        for k, v in mem.items():   # whole-run peaks: the max over intervals
+            if k.endswith(".peak") or k in ("mem_peak_bytes", "mem_reserved_bytes"):
+                self.mem_max[k] = max(self.mem_max.get(k) or 0, v or 0) if v is not None else None
+        row.update(mem)
+        if self.measuring:
+            row.update(self._speed(elapsed, phases))
+        self._mark()
+        self.last = row
+        return row
+
+    def _speed(self, elapsed: float, phases: Dict[str, float]) -> Dict[str, object]:
+        tokens = self.feeder.tokens - self._tokens0
+        fl = F.training_flops(self.cfg.model, tokens, self.feeder.tokens_x_len - self._txl0)
+        steps = self.totals["steps"] - self._steps0
+        wait, copy = self.feeder.wait_s - self._wait0, self.feeder.copy_s - self._copy0
+        comm_bytes, comm_calls = (self.strategy.comm.bytes - self._comm0[0], self.strategy.comm.calls - self._comm0[1])
+        for k, v in (("time", elapsed), ("tokens", tokens), ("flops", fl.model), ("hw_flops", fl.hardware),
+                     ("wait", wait), ("copy", copy), ("fwd_bwd", phases.get("fwd_bwd", 0.0)),
+                     ("optimizer", phases.get("optimizer", 0.0)), ("comm_bytes", comm_bytes), ("comm_calls", comm_calls)):
+            self.totals[k] = self.totals.get(k, 0) + v
+        util = self.nvml.take() if self.nvml else None
+        if util is not None:
+            self.util_samples.append(util)
+        return {**self._rates(elapsed, steps, tokens, fl.model, fl.hardware, wait, copy, phases), "gpu_util": util,
+                "comm_bytes_per_step": comm_bytes / max(steps, 1), "comm_calls_per_step": comm_calls / max(steps, 1)}
+
+    def _rates(self, elapsed, steps, tokens, model_flops, hw_flops, wait, copy, phases) -> Dict[str, object]:
+        per_device = tokens / elapsed
+        achieved = model_flops / elapsed
+        out = {"tokens_per_s": per_device * self.world_size, "tokens_per_s_per_device": per_device,
+               "tflops_per_device": achieved / 1e12, "step_time_s": elapsed / max(steps, 1),
+               "mfu": F.utilization(1.0, achieved, self.peak.value),
+               "hfu": F.utilization(1.0, hw_flops / elapsed, self.peak.value),
+               "mfu_vs_measured_peak": F.utilization(1.0, achieved, self.peak.measured),
+               "mfu_vs_datasheet_peak": F.utilization(1.0, achieved, self.peak.datasheet),
+               "data_wait_frac": wait / elapsed, "time/data_wait_s": wait / max(steps, 1),
+               "time/h2d_copy_s": copy / max(steps, 1)}
+        for phase in ("fwd_bwd", "optimizer"):
+            out[f"time/{phase}_s"] = phases.get(phase, 0.0) / max(steps, 1)
+        return out
+
+    # -- end of run ---------------------------------------------------------------------------------
+    def summary(self) -> Dict[str, object]:
+        t = self.totals
+        if not t["steps"] or not t["time"]:
+            raise RuntimeError("no measured steps: the run ended inside its warm-up")
+        out = self._rates(t["time"], t["steps"], t["tokens"], t["flops"], t["hw_flops"], t["wait"], t["copy"],
+                          {"fwd_bwd": t["fwd_bwd"], "optimizer": t["optimizer"]})
+        seq = self.cfg.train.seq_len
+        out.update({
+            "flops_per_token": t["flops"] / t["tokens"], "hw_flops_per_token": t["hw_flops"] / t["tokens"],
+            "flops_per_token_6n": 6 * F.block_matmul_params(self.cfg.model),
+            "peak_flops": self.peak.value, "peak_flops_source": self.peak.source,
+            "peak_flops_datasheet": self.peak.datasheet, "peak_flops_measured": self.peak.measured,
+            "device_name": self.peak.device_name, "world_size": self.world_size,
+            "gpu_util": sum(self.util_samples) / len(self.util_samples) if self.util_samples else None,
+            "comm_bytes_per_step": t.get("comm_bytes", 0) / t["steps"],
+            "comm_calls_per_step": t.get("comm_calls", 0) / t["steps"],
+            "nonfinite_steps": int(self.nonfinite.item()), "scaler_skipped_steps": int(self.skipped.item()),
+            "loss_scale": self.strategy.precision.loss_scale(), "measured_steps": t["steps"],
+            "measured_tokens": t["tokens"], "seq_len": seq,
+        })
+        out.update(self._memory_summary())
+        out["loss"] = self.last.get("loss")
+        return out
+
+    def _memory_summary(self) -> Dict[str, object]:
+        m = self.mem_max
+        out = {"mem_peak_bytes": m.get("mem_peak_bytes"), "mem_reserved_bytes": m.get("mem_reserved_bytes")}
+        if self.device.type == "cuda":
+            stats = {k[len("mem/"):]: v for k, v in m.items() if k.startswith("mem/")}
+            out.update(memory.fragmentation(stats))
+            out.update({f"mem_{k.split('.')[0]}": v for k, v in stats.items()})
+            out["mem_num_alloc_retries"] = self.last.get("mem/num_alloc_retries")
+            out["mem_num_ooms"] = self.last.get("mem/num_ooms")
+        else:
+            out.update({"fragmentation": None, "inactive_split_frac": None})
+        return out
+
+    def close(self) -> None:
+        if self.nvml:
+            self.nvml.close()

@@ -1,0 +1,99 @@
+"""The strategy interface and the pieces every strategy shares (optimizer, clipping, state bytes)."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterable
+
+import torch
+
+from ablate.config import TrainConfig
+
+
+@dataclass
+class CommCounter:
+    """Collectives this rank issued for the data-parallel reduction, counted as they run."""
+    bytes: int = 0
+    calls: int = 0
+
+    def add(self, nbytes: int, calls: int = 1) -> None:
+        self.bytes += int(nbytes)
+        self.calls += calls
+
+
+def make_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig, device: torch.device):
+    """AdamW, decaying matrices only; fused kernel where this torch has one for the device."""
+    params = [p for p in params if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": train.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    try:
+        return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95), fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95), foreach=True)
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        local = t.to_local() if hasattr(t, "to_local") else t   # DTensor shards count their local part
+        total += local.numel() * local.element_size()
+    return total
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    return tensor_bytes(v for state in optimizer.state.values() for v in state.values()
+                        if isinstance(v, torch.Tensor))
+
+
+class Strategy:
+    """Local training (the `none` strategy) and the base the data-parallel strategies extend."""
+
+    def __init__(self, model, train: TrainConfig, precision, device: torch.device):
+        self.model, self.train, self.precision, self.device = model, train, precision, device
+        self.optimizer = make_adamw(model.parameters(), train, device)
+        self.comm = CommCounter()
+        self.measured_state: Dict[str, int] = {}
+
+    def micro_step(self, last: bool):
+        """Context for one micro-step; `last` is the one whose backward ends the accumulation."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.precision.scale(loss).backward()
+
+    def clip(self) -> torch.Tensor:
+        """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow."""
+        max_norm = self.train.max_grad_norm or math.inf
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def step(self, measure_state: bool = False) -> torch.Tensor:
+        """Unscale, clip, step, zero the gradients; returns the gradient norm (a device tensor, no sync).
+        `measure_state` records `state_bytes()` while the gradients still exist."""
+        self.precision.unscale_(self.optimizer)
+        norm = self.clip()
+        self.precision.step(self.optimizer)
+        if measure_state:
+            self.measured_state = self.state_bytes()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def state_bytes(self) -> Dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held by this rank."""
+        params = list(self.model.parameters())
+        return {"params": tensor_bytes(params),
+                "grads": tensor_bytes(p.grad for p in params),
+                "optimizer": optimizer_state_bytes(self.optimizer)}
+
+    def state_dict(self) -> Dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        pass
