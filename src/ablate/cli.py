@@ -57,9 +57,9 @@ def _check_choices(parsed, choices: Dict[str, List[str]]) -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    cause = e.__cause__ or e.__context__
-    text = str(cause if cause is not None and str(cause) else e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    """Hydra's own message ("Error merging override train.steps=abc") and its cause's first line."""
+    lines = [str(x).strip().splitlines()[0] for x in (e, e.__cause__) if x is not None and str(x).strip()]
+    return ": ".join(dict.fromkeys(lines)) or type(e).__name__
 
 
 def check_hardware(cfg: AblateConfig) -> None:

@@ -1,0 +1,51 @@
+"""Shared helpers: Hydra's real compose API on conf/, and real runs (in this process or as `python -m ablate`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ablate import CONF_DIR
+from ablate.config import register, validate
+
+REPO = Path(__file__).resolve().parents[1]
+register()
+
+
+def compose_cfg(overrides: List[str] = ()):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="test"):
+        return compose("config", overrides=list(overrides))
+
+
+def run_in_process(tmp_path: Path, overrides: List[str] = ()) -> Dict:
+    """Compose + validate + launch, as `python -m ablate` does, inside this process."""
+    from ablate import launcher
+
+    cfg = compose_cfg(["logger=none", *overrides])
+    typed = validate(cfg)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return launcher.launch(typed, resolved, tmp_path, {"precision": typed.precision.name})
+
+
+def run_cli(args: List[str], cwd: Path = REPO, timeout: int = 600, env: Dict[str, str] = None):
+    """`python -m ablate ARGS` in a real subprocess."""
+    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "ablate", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def read_jsonl(path: Path) -> List[Dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def fast():
+    """Overrides that keep a real run to a couple of seconds."""
+    return ["train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=256"]

@@ -1,0 +1,54 @@
+"""Every config combination composes and validates; bad values are refused with the key named."""
+import itertools
+
+import pytest
+
+from ablate.cli import group_choices
+from ablate.config import AblateConfig, ConfigError, validate
+from conftest import compose_cfg
+
+FIVE = ("precision", "parallel", "allocator", "dataloader", "nccl")
+
+
+def test_every_combination_of_the_five_groups_composes():
+    choices = group_choices()
+    combos = list(itertools.product(*(choices[g] for g in FIVE)))
+    assert len(combos) >= 32
+    for combo in combos:
+        cfg = validate(compose_cfg([f"{g}={c}" for g, c in zip(FIVE, combo)]))
+        assert isinstance(cfg, AblateConfig)
+        for group, choice in zip(FIVE, combo):
+            assert getattr(cfg, group).name == choice
+
+
+@pytest.mark.parametrize("group", ["model", "train", "logger", "launcher"])
+def test_other_groups_compose(group):
+    for choice in group_choices()[group]:
+        validate(compose_cfg([f"{group}={choice}"]))
+
+
+def test_defaults_are_the_cpu_tiny_run():
+    cfg = validate(compose_cfg())
+    assert (cfg.model.name, cfg.precision.name, cfg.parallel.name, cfg.launcher.name) == ("tiny", "fp32", "none", "local")
+    assert cfg.logger.name == "wandb" and cfg.logger.mode == "auto"
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.steps=-1", "train.steps=-1"),
+    ("train.grad_accum=0", "train.grad_accum=0"),
+    ("precision.name=fp12", "valid choices: fp32, bf16, fp16, fp8"),
+    ("train.seq_len=100000", "model.max_seq_len"),
+    ("model.n_heads=5", "model.n_heads=5"),
+])
+def test_bad_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        validate(compose_cfg([override]))
+
+
+def test_the_article_values_are_in_the_tuned_and_expandable_groups():
+    cfg = validate(compose_cfg(["nccl=tuned", "allocator=expandable"]))
+    assert cfg.nccl.env == {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "5", "NCCL_BUFFSIZE": "8388608",
+                            "NCCL_ALGO": "RING", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    from ablate.allocator import alloc_conf
+
+    assert alloc_conf(cfg.allocator) == "expandable_segments:True,max_split_size_mb:128"
