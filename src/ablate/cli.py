@@ -70,11 +70,14 @@ def check_hardware(cfg: AblateConfig) -> None:
 
     from ablate.precision import check_hardware as check_precision
 
+    from ablate.parallel import check as check_parallel
+
     device = torch.device("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
     check_precision(cfg.precision, device)
+    check_parallel(cfg, device.type == "cuda")
 
 
-def preflight(argv: List[str]) -> None:
+def preflight(argv: List[str], hardware: bool = True) -> None:
     """Compose every combination the command line asks for and validate it, or fail in one line."""
     register()
     overrides = _overrides(argv)
@@ -96,4 +99,5 @@ def preflight(argv: List[str]) -> None:
                 raise
             except Exception as e:
                 raise ConfigError(_first_line(e)) from None
-            check_hardware(typed)
+            if hardware:
+                check_hardware(typed)

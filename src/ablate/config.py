@@ -58,7 +58,8 @@ class TrainConfig:
     """The optimisation loop. `batch_size` is per rank and per micro-step."""
     steps: int = 40                # optimizer steps
     warmup_steps: int = 5          # excluded from every speed figure (compile, allocator warm-up)
-    batch_size: int = 8
+    batch_size: int = 8            # per rank and micro-step (derived when global_batch_size is set)
+    global_batch_size: Optional[int] = None   # sequences per optimizer step over all ranks
     seq_len: int = 64
     seq_len_min: Optional[int] = None   # set: each batch's length is drawn from [seq_len_min, seq_len]
     grad_accum: int = 1            # micro-steps per optimizer step
@@ -243,6 +244,13 @@ class AblateConfig:
     sweep: Dict[str, Any] = field(default_factory=dict)   # a sweeps/ file's claim metadata, if any
 
     def __post_init__(self):
+        t, world = self.train, self.launcher.world_size
+        if t.global_batch_size is not None:
+            per_step = world * t.grad_accum
+            if t.global_batch_size % per_step or t.global_batch_size < per_step:
+                raise ConfigError(f"train.global_batch_size={t.global_batch_size}: does not split over "
+                                  f"{world} ranks x train.grad_accum={t.grad_accum}; use a multiple of {per_step}")
+            t.batch_size = t.global_batch_size // per_step
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
                               f"{self.model.max_seq_len}")

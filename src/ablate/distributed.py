@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -40,30 +41,58 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def setup(device_choice: str) -> DistEnv:
-    """Join the job's process group if this process is one of several ranks."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup(device_choice: str, need_group: bool = False) -> DistEnv:
+    """Join the job's process group: always with several ranks, and with one when the strategy needs
+    a group anyway (ddp/fsdp2/zero on a single process)."""
     _export_slurm_env()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(device_choice, local_rank)
-    if world > 1 and not dist.is_initialized():
+    if world == 1 and need_group:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if (world > 1 or need_group) and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 device_id=device if device.type == "cuda" else None)
     return DistEnv(rank, world, local_rank, device)
 
 
-def teardown() -> None:
-    """Barrier first: without it gloo aborts at exit about one run in seven."""
+def teardown(clean: bool = True) -> None:
+    """Barrier first: without it gloo aborts at exit about one run in seven. After an error there is
+    no barrier (the other ranks may never reach it): the process leaves, and the launcher stops them."""
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        if clean:
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 def all_gather_object(obj, env: DistEnv):
+    """ablate's own bookkeeping: not counted as the strategy's communication."""
     if env.world_size == 1:
         return [obj]
+    from ablate.metrics.comm import paused
+
     out = [None] * env.world_size
-    dist.all_gather_object(out, obj)
+    with paused():
+        dist.all_gather_object(out, obj)
     return out
+
+
+def mean_across_ranks(value, env: DistEnv):
+    """The mean of a tensor over ranks (for the logged loss: every rank's batches count)."""
+    if env.world_size == 1:
+        return value
+    from ablate.metrics.comm import paused
+
+    value = value.clone()
+    with paused():
+        dist.all_reduce(value)
+    return value / env.world_size

@@ -5,6 +5,7 @@ summary. Runs on every rank; rank 0 writes the run directory.
 """
 from __future__ import annotations
 
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -47,13 +48,22 @@ def build(cfg: AblateConfig, env: distributed.DistEnv):
     return model, precision, strategy
 
 
+def injected_failure():
+    """ABLATE_INJECT_FAILURE=RANK:STEP makes that rank raise at that step: tests of failure paths."""
+    spec = os.environ.get("ABLATE_INJECT_FAILURE")
+    return tuple(int(v) for v in spec.split(":")) if spec else (None, None)
+
+
 def train_steps(cfg: AblateConfig, strategy, feeder: DeviceFeeder, meter: Meter, tracker: Tracker,
-                progress: StepProgress, start_step: int) -> None:
+                progress: StepProgress, start_step: int, rank: int = 0) -> None:
     t = cfg.train
+    fail_rank, fail_step = injected_failure()
     first_measured = min(start_step + t.warmup_steps + 1, t.steps)
     for step in range(start_step + 1, t.steps + 1):
         if step == first_measured:
             meter.start_measuring()
+        if (rank, step) == (fail_rank, fail_step):
+            raise RuntimeError(f"injected failure on rank {rank} at step {step} (ABLATE_INJECT_FAILURE)")
         for micro in range(t.grad_accum):
             x, y = next(feeder)
             meter.clock.begin()
@@ -77,19 +87,21 @@ def train_steps(cfg: AblateConfig, strategy, feeder: DeviceFeeder, meter: Meter,
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
-    env = distributed.setup(cfg.train.device)
+    env = distributed.setup(cfg.train.device, need_group=cfg.parallel.name != "none")
+    clean = False
     try:
         precision_group.check_hardware(cfg.precision, env.device)
+        parallel.check(cfg, env.device.type == "cuda")
         model, precision, strategy = build(cfg, env)
         start_step = 0
         loader = build_loader(cfg.train, cfg.dataloader, cfg.model.vocab_size, env.rank, env.world_size,
                               start_step * cfg.train.grad_accum, env.device)
         feeder = DeviceFeeder(loader, cfg.dataloader, env.device)
-        meter = Meter(cfg, env.device, env.world_size, feeder, strategy)
+        meter = Meter(cfg, env, feeder, strategy)
         tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main)
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         try:
-            train_steps(cfg, strategy, feeder, meter, tracker, progress, start_step)
+            train_steps(cfg, strategy, feeder, meter, tracker, progress, start_step, env.rank)
         except BaseException:
             tracker.close(exit_code=1)
             raise
@@ -104,6 +116,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             env)
         strategy.close()
         if not env.is_main:
+            clean = True
             return None
         summary.update({
             "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
@@ -115,6 +128,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         })
         tracker.finish(summary)
         print_summary(summary)
+        clean = True
         return summary
     finally:
-        distributed.teardown()
+        distributed.teardown(clean)

@@ -11,6 +11,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ablate import distributed
 from ablate.config import AblateConfig
 from ablate.metrics import flops as F
 from ablate.metrics import memory
@@ -42,8 +43,9 @@ class Peak:
 
 
 class Meter:
-    def __init__(self, cfg: AblateConfig, device: torch.device, world_size: int, feeder, strategy):
-        self.cfg, self.device, self.world_size = cfg, device, world_size
+    def __init__(self, cfg: AblateConfig, env, feeder, strategy):
+        self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
+        device = env.device
         self.feeder, self.strategy = feeder, strategy
         self.notes: Dict[str, str] = {}
         self.peak = Peak(cfg, device, self.notes)
@@ -100,7 +102,8 @@ class Meter:
         synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
         phases = self.clock.take()
-        row: Dict[str, object] = {"step": step, "loss": (self.loss_sum / max(self.loss_count, 1)).item(),
+        loss = distributed.mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)
+        row: Dict[str, object] = {"step": step, "loss": loss.item(),
                                   "grad_norm": self.grad_norm.item(), "nonfinite_steps": int(self.nonfinite.item()),
                                   "scaler_skipped_steps": int(self.skipped.item()),
                                   "loss_scale": self.strategy.precision.loss_scale()}

@@ -33,15 +33,25 @@ def make_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig, device:
         return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95), foreach=True)
 
 
-def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    seen, total = set(), 0
+def storages(tensors: Iterable[torch.Tensor]) -> Dict[int, int]:
+    """{storage address: bytes} of the memory behind these tensors. Views of one buffer (DeepSpeed's
+    flat groups, a parameter and its master copy sharing memory) count once; DTensors count their
+    local shard."""
+    out: Dict[int, int] = {}
     for t in tensors:
-        if t is None or id(t) in seen:
+        if t is None:
             continue
-        seen.add(id(t))
-        local = t.to_local() if hasattr(t, "to_local") else t   # DTensor shards count their local part
-        total += local.numel() * local.element_size()
-    return total
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if local.numel() == 0:
+            continue
+        storage = local.untyped_storage()
+        out[storage.data_ptr()] = storage.nbytes()
+    return out
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor], exclude: Dict[int, int] = None) -> int:
+    exclude = exclude or {}
+    return sum(n for ptr, n in storages(tensors).items() if ptr not in exclude)
 
 
 def optimizer_state_bytes(optimizer) -> int:
@@ -84,8 +94,7 @@ class Strategy:
     def state_bytes(self) -> Dict[str, int]:
         """Bytes of parameters, gradients and optimizer state held by this rank."""
         params = list(self.model.parameters())
-        return {"params": tensor_bytes(params),
-                "grads": tensor_bytes(p.grad for p in params),
+        return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
                 "optimizer": optimizer_state_bytes(self.optimizer)}
 
     def state_dict(self) -> Dict:

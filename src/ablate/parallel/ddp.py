@@ -1,0 +1,30 @@
+"""parallel=ddp: DistributedDataParallel. With `no_sync`, the first grad_accum - 1 micro-steps skip
+the all-reduce (`model.no_sync()`), so gradients are reduced once per optimizer step (week-4 C3)."""
+from __future__ import annotations
+
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel
+
+from ablate.metrics.comm import counting_allreduce_hook
+from ablate.parallel.base import Strategy
+
+
+class DDP(Strategy):
+    def __init__(self, model, train, precision, device, no_sync: bool):
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        super().__init__(ddp, train, precision, device)
+        self.no_sync = no_sync
+        ddp.register_comm_hook(None, counting_allreduce_hook(self.comm))
+
+    def micro_step(self, last: bool):
+        if self.no_sync and not last:
+            return self.model.no_sync()     # accumulate locally; the last micro-step reduces the sum
+        return contextlib.nullcontext()
+
+    def state_dict(self):
+        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state):
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
