@@ -64,7 +64,10 @@ def _first_line(e: BaseException) -> str:
 
 def check_hardware(cfg: AblateConfig) -> None:
     """What this machine cannot run, said before anything starts (Slurm nodes check for themselves)."""
-    if cfg.launcher.name != "local":
+    if cfg.launcher.name == "slurm":
+        from ablate.slurm import check as check_slurm
+
+        check_slurm(cfg.launcher)
         return
     import torch
 

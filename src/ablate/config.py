@@ -251,6 +251,9 @@ class AblateConfig:
                 raise ConfigError(f"train.global_batch_size={t.global_batch_size}: does not split over "
                                   f"{world} ranks x train.grad_accum={t.grad_accum}; use a multiple of {per_step}")
             t.batch_size = t.global_batch_size // per_step
+        if world > 1 and self.parallel.name == "none":
+            raise ConfigError(f"parallel=none with {world} ranks (launcher nodes x nproc_per_node): one process "
+                              f"only; valid choices for several ranks: {', '.join(PARALLELS[1:])}")
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
                               f"{self.model.max_seq_len}")

@@ -69,10 +69,23 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        message = failure.message
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {message}", file=sys.stderr)
+        for rank, failure in _root_cause_first(e.failures):
+            print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {_message(failure)}", file=sys.stderr)
         raise SystemExit(1) from None
     return results.get(0)
+
+
+CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker crash", "SIGTERM", "Signals.")
+
+
+def _message(failure) -> str:
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", message)
+    return str(message).strip().splitlines()[-1] if str(message).strip() else f"exit code {failure.exitcode}"
+
+
+def _root_cause_first(failures):
+    """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
+    the consequence of a peer going away."""
+    return sorted(failures.items(), key=lambda kv: (kv[1].timestamp, any(c in _message(kv[1]) for c in CONSEQUENCES), kv[0]))

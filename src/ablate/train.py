@@ -13,7 +13,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ablate import distributed, parallel
+from ablate import checkpoint, distributed, parallel
 from ablate import precision as precision_group
 from ablate.config import AblateConfig
 from ablate.console import StepProgress, print_summary
@@ -54,34 +54,70 @@ def injected_failure():
     return tuple(int(v) for v in spec.split(":")) if spec else (None, None)
 
 
-def train_steps(cfg: AblateConfig, strategy, feeder: DeviceFeeder, meter: Meter, tracker: Tracker,
-                progress: StepProgress, start_step: int, rank: int = 0) -> None:
-    t = cfg.train
-    fail_rank, fail_step = injected_failure()
-    first_measured = min(start_step + t.warmup_steps + 1, t.steps)
-    for step in range(start_step + 1, t.steps + 1):
-        if step == first_measured:
-            meter.start_measuring()
-        if (rank, step) == (fail_rank, fail_step):
-            raise RuntimeError(f"injected failure on rank {rank} at step {step} (ABLATE_INJECT_FAILURE)")
+class Loop:
+    """The steps themselves, plus the checkpoints taken between them."""
+
+    def __init__(self, cfg, env, strategy, feeder, meter, tracker, progress, run_dir: Path):
+        self.cfg, self.env, self.strategy, self.feeder = cfg, env, strategy, feeder
+        self.meter, self.tracker, self.progress, self.run_dir = meter, tracker, progress, run_dir
+        self.preemption = checkpoint.Preemption(env.world_size)
+        self.can_checkpoint = cfg.parallel.name in checkpoint.SUPPORTED
+
+    def micro_steps(self) -> None:
+        t, strategy = self.cfg.train, self.strategy
         for micro in range(t.grad_accum):
-            x, y = next(feeder)
-            meter.clock.begin()
+            x, y = next(self.feeder)
+            self.meter.clock.begin()
             with strategy.micro_step(last=micro == t.grad_accum - 1):
                 with strategy.precision.autocast():
                     loss = strategy.model(x, y)
                 strategy.backward(loss / t.grad_accum)
-            meter.clock.end("fwd_bwd")
-            meter.on_micro(loss)
-        meter.clock.begin()
-        grad_norm = strategy.step(measure_state=step == t.steps)
-        meter.clock.end("optimizer")
-        meter.on_step(grad_norm)
-        row = None
-        if step % t.log_every == 0 or step == t.steps:
-            row = meter.log_point(step)
-            tracker.log(row)
-        progress.advance(step, row)
+            self.meter.clock.end("fwd_bwd")
+            self.meter.on_micro(loss)
+
+    def run(self, start_step: int) -> None:
+        t = self.cfg.train
+        fail_rank, fail_step = injected_failure()
+        first_measured = min(start_step + t.warmup_steps + 1, t.steps)
+        for step in range(start_step + 1, t.steps + 1):
+            if step == first_measured:
+                self.meter.start_measuring()
+            if (self.env.rank, step) == (fail_rank, fail_step):
+                raise RuntimeError(f"injected failure on rank {self.env.rank} at step {step} (ABLATE_INJECT_FAILURE)")
+            self.micro_steps()
+            self.meter.clock.begin()
+            grad_norm = self.strategy.step(measure_state=step == t.steps)
+            self.meter.clock.end("optimizer")
+            self.meter.on_step(grad_norm)
+            row = None
+            if step % t.log_every == 0 or step == t.steps:
+                row = self.meter.log_point(step)
+                self.tracker.log(row)
+            self.progress.advance(step, row)
+            self.between_steps(step)
+
+    def between_steps(self, step: int) -> None:
+        every = self.cfg.train.checkpoint_every
+        if self.preemption.due():
+            if self.can_checkpoint:
+                self.save(step)
+            raise checkpoint.Preempted(self.preemption.signum)
+        if self.can_checkpoint and every and (step % every == 0 or step == self.cfg.train.steps):
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        checkpoint.save(self.run_dir / checkpoint.FILENAME, self.strategy, step, self.tracker.wandb_id,
+                        self.env.is_main)
+
+
+def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
+    """train.resume, or this run dir's own checkpoint when a requeued Slurm job starts again."""
+    explicit = checkpoint.resolve(cfg.train.resume)
+    if explicit:
+        checkpoint.check_supported(cfg.parallel.name)
+        return explicit
+    own = run_dir / checkpoint.FILENAME
+    return own if own.exists() and "SLURM_JOB_ID" in os.environ else None
 
 
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
@@ -93,15 +129,27 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         precision_group.check_hardware(cfg.precision, env.device)
         parallel.check(cfg, env.device.type == "cuda")
         model, precision, strategy = build(cfg, env)
-        start_step = 0
+        start_step, wandb_id = 0, None
+        resume = resume_point(cfg, run_dir)
+        if resume is not None:
+            blob = checkpoint.load(resume, strategy)
+            start_step, wandb_id = blob["step"], blob["wandb_id"]
+        if env.is_main:
+            checkpoint.truncate_metrics(run_dir, start_step)
         loader = build_loader(cfg.train, cfg.dataloader, cfg.model.vocab_size, env.rank, env.world_size,
                               start_step * cfg.train.grad_accum, env.device)
         feeder = DeviceFeeder(loader, cfg.dataloader, env.device)
         meter = Meter(cfg, env, feeder, strategy)
-        tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main)
+        tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, wandb_id)
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
+        loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir)
         try:
-            train_steps(cfg, strategy, feeder, meter, tracker, progress, start_step, env.rank)
+            loop.run(start_step)
+        except checkpoint.Preempted:
+            tracker.close(exit_code=0)
+            progress.close()
+            distributed.teardown(clean=True)
+            loop.preemption.hand_over(env.is_main)
         except BaseException:
             tracker.close(exit_code=1)
             raise
@@ -115,20 +163,19 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"]},
             env)
         strategy.close()
-        if not env.is_main:
-            clean = True
-            return None
-        summary.update({
-            "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
-            "params": count_params(model, non_embedding=False), "params_non_embedding": count_params(model),
-            "state_bytes": strategy.measured_state, "per_rank": per_rank, "env": applied_env,
-            "versions": versions(), "device": str(env.device),
-            "notes": {**meter.notes, **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
-            "sweep": resolved.get("sweep") or {},
-        })
-        tracker.finish(summary)
-        print_summary(summary)
+        if env.is_main:
+            summary.update({
+                "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
+                "resumed_from_step": start_step,
+                "params": count_params(model, non_embedding=False), "params_non_embedding": count_params(model),
+                "state_bytes": strategy.measured_state, "per_rank": per_rank, "env": applied_env,
+                "versions": versions(), "device": str(env.device),
+                "notes": {**meter.notes, **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
+                "sweep": resolved.get("sweep") or {},
+            })
+            tracker.finish(summary)
+            print_summary(summary)
         clean = True
-        return summary
+        return summary if env.is_main else None
     finally:
         distributed.teardown(clean)

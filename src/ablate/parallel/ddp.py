@@ -3,6 +3,7 @@ the all-reduce (`model.no_sync()`), so gradients are reduced once per optimizer 
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 from torch.nn.parallel import DistributedDataParallel
 
@@ -12,7 +13,11 @@ from ablate.parallel.base import Strategy
 
 class DDP(Strategy):
     def __init__(self, model, train, precision, device, no_sync: bool):
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # buffers (the RoPE tables) are identical on every rank: broadcasting them each forward is waste
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      **no_buffer_sync)
         super().__init__(ddp, train, precision, device)
         self.no_sync = no_sync
         ddp.register_comm_hook(None, counting_allreduce_hook(self.comm))

@@ -1,0 +1,141 @@
+"""launcher=slurm: the same entrypoint as a Slurm job through submitit (one task per GPU).
+
+`submit` refuses what cannot work before submitting anything, writes the sbatch script for
+`launcher.dry_run`, or submits `SlurmTrain` and prints the job id, log and W&B location; with
+`launcher.wait` it streams the job's log and shows a failed job's error in this terminal.
+Inside the job every task applies the allocator/NCCL environment, joins the process group from
+Slurm's variables (submitit.helpers.TorchDistributedEnvironment) and trains. `SlurmTrain` is
+checkpointable: on the warning signal the loop checkpoints at a step boundary and submitit requeues;
+the requeued job resumes from <run dir>/checkpoint.pt (train.py).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import submitit
+from submitit.helpers import Checkpointable
+
+from ablate.config import AblateConfig, ConfigError, LauncherConfig
+
+
+def check(lc: LauncherConfig) -> None:
+    """One-line refusals before anything is submitted."""
+    if lc.timeout_min * 60 <= lc.signal_delay_s:
+        raise ConfigError(f"launcher.timeout_min={lc.timeout_min}: must be longer than launcher.signal_delay_s="
+                          f"{lc.signal_delay_s} s (the warning signal comes that long before the limit)")
+    if lc.dry_run:
+        return
+    if shutil.which("sbatch") is None:
+        raise ConfigError("launcher=slurm: sbatch not found, Slurm is not installed here; start a local "
+                          "cluster with slurm/start_local.sh, use launcher.dry_run=true, or launcher=local")
+    probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise ConfigError(f"launcher=slurm: the Slurm controller does not answer ({reason}); "
+                          "start it (slurm/start_local.sh for a local one) or use launcher=local")
+
+
+def export_lines(applied_env: Dict[str, Dict]) -> list:
+    """The allocator/NCCL groups' variables as `export` lines: every task has them before Python starts."""
+    lines = []
+    for record in applied_env.values():
+        lines += [f"export {k}={v}" for k, v in record.get("env", {}).items()]
+    return lines
+
+
+def executor_parameters(cfg: AblateConfig, name: str, applied_env: Dict) -> Dict[str, object]:
+    lc = cfg.launcher
+    params: Dict[str, object] = dict(
+        nodes=lc.nodes, tasks_per_node=lc.nproc_per_node, cpus_per_task=lc.cpus_per_task,
+        timeout_min=lc.timeout_min, name=name, slurm_signal_delay_s=lc.signal_delay_s,
+        slurm_setup=list(lc.setup) + export_lines(applied_env),
+        slurm_additional_parameters=dict(lc.additional_parameters))
+    if lc.gpus_per_node:
+        params["gpus_per_node"] = lc.gpus_per_node
+    if lc.mem_gb:
+        params["mem_gb"] = lc.mem_gb
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(lc, key):
+            params[f"slurm_{key}"] = getattr(lc, key)
+    return params
+
+
+def sbatch_script(folder: Path, params: Dict[str, object]) -> str:
+    """The script submitit would submit, without submitting it."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    plain = {k[len("slurm_"):] if k.startswith("slurm_") else k: v for k, v in params.items()}
+    plain["signal_delay_s"] = plain.pop("signal_delay_s")
+    plain["time"] = plain.pop("timeout_min")
+    plain["job_name"] = plain.pop("name")
+    plain["ntasks_per_node"] = plain.pop("tasks_per_node")
+    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
+    return _make_sbatch_string(command=command, folder=str(folder), **plain)
+
+
+class SlurmTrain(Checkpointable):
+    """What each Slurm task runs. Checkpointable: submitit requeues it with the same arguments."""
+
+    def __init__(self, cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]):
+        self.cfg, self.resolved, self.run_dir, self.choices = cfg, resolved, run_dir, choices
+
+    def __call__(self) -> Optional[Dict]:
+        from ablate import launcher, train
+
+        applied = launcher.apply_environment(self.cfg)
+        return train.run(self.cfg, self.run_dir, self.resolved, self.choices, applied)
+
+
+def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
+    from ablate import launcher
+
+    check(cfg.launcher)
+    launcher._write_config(run_dir, resolved)
+    applied = launcher.apply_environment(cfg)
+    folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()
+    params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
+    if cfg.launcher.dry_run:
+        path = run_dir / "sbatch.sh"
+        path.write_text(sbatch_script(folder / "%j", params))
+        print(f"dry run: the sbatch script is {path} (nothing submitted)")
+        return {"dry_run": str(path)}
+    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm",
+                                     slurm_max_num_timeout=cfg.launcher.max_restarts)
+    executor.update_parameters(**params)
+    job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
+    print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
+          + (f", W&B files under {run_dir}/wandb" if cfg.logger.name == "wandb" else ""), flush=True)
+    if not cfg.launcher.wait:
+        return {"job_id": job.job_id, "run_dir": str(run_dir)}
+    return wait_for(job)
+
+
+def wait_for(job) -> Optional[Dict]:
+    """Stream the job's stderr (the progress lines) here until it ends; a failure ends this process."""
+    shown = 0
+    while not job.done():
+        shown = _show_new(job.paths.stderr, shown)
+        time.sleep(1)
+    _show_new(job.paths.stderr, shown)
+    try:
+        results = job.results()
+    except Exception as e:   # submitit re-raises the job's own error with its traceback text
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        print(f"ablate: Slurm job {job.job_id} failed ({job.state}): {lines[-1] if lines else e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return results[0]
+
+
+def _show_new(path: Path, shown: int) -> int:
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return shown
+    for line in text[shown:].splitlines():
+        print(f"[slurm] {line}", file=sys.stderr, flush=True)
+    return len(text)
