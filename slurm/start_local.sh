@@ -89,7 +89,7 @@ $ACCT_LINES
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5

@@ -1,0 +1,105 @@
+"""Against a real Slurm on localhost (munge + slurmctld + slurmd + slurmdbd), started by the project's
+own slurm/start_local.sh when it is not already up (.ci/run starts and stops it around the tests)."""
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, read_jsonl, run_cli
+
+pytestmark = pytest.mark.slow
+LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
+             "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.timeout_min=5", "parallel=ddp",
+             "logger=none", "metrics.gemm_probe_n=128"]
+
+
+def slurm_up() -> bool:
+    return subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0 if _has("sinfo") else False
+
+
+def _has(cmd) -> bool:
+    import shutil
+
+    return shutil.which(cmd) is not None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_slurm():
+    if not slurm_up():
+        started = subprocess.run(["bash", str(REPO / "slurm" / "start_local.sh")], env={
+            "SLURM_CI_CPUS": "4", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+            capture_output=True, text=True, timeout=600)
+        if started.returncode != 0:
+            pytest.skip(f"no local Slurm could be started: {started.stdout[-500:]}{started.stderr[-500:]}")
+    yield
+
+
+def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path):
+    result = run_cli([*LOCAL_JOB, "launcher.wait=true", "train.steps=8", f"hydra.run.dir={tmp_path}"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "submitted Slurm job" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["comm_calls_per_step"] == 1
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] == 8
+
+
+def test_a_two_point_sweep_runs_through_slurm(tmp_path):
+    result = run_cli(["-m", *LOCAL_JOB, "launcher.wait=true", "train.steps=6", "train.seed=0,1",
+                      f"hydra.sweep.dir={tmp_path}"], timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = sorted(tmp_path.glob("*/summary.json"))
+    assert len(summaries) == 2
+    losses = {json.loads(p.read_text())["loss"] for p in summaries}
+    assert len(losses) == 2     # two seeds, two runs
+
+
+def test_a_failing_job_shows_its_error_here(tmp_path):
+    result = run_cli([*LOCAL_JOB, "launcher.wait=true", "train.steps=20", f"hydra.run.dir={tmp_path}"],
+                     env={"ABLATE_INJECT_FAILURE": "0:3"}, timeout=300)
+    assert result.returncode == 1
+    assert "injected failure on rank 0 at step 3" in result.stderr
+    assert "failed" in result.stderr.splitlines()[-1]
+
+
+def _job_id(run_dir: Path) -> str:
+    for _ in range(100):
+        ids = [p.name for p in (run_dir / "slurm").glob("[0-9]*")]
+        if ids:
+            return ids[0]
+        time.sleep(0.2)
+    raise AssertionError("no job folder")
+
+
+def test_a_preempted_job_resumes_with_every_step_exactly_once(tmp_path):
+    """The time-limit warning (USR2, what --signal sends before the limit) mid-run: checkpoint, requeue,
+    resume, and each logged step exactly once."""
+    steps = 60
+    result = run_cli([*LOCAL_JOB, "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
+                      "dataloader.read_latency_ms=80", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = _job_id(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    while not (tmp_path / "summary.json").exists() and time.monotonic() < deadline + 240:
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+        if state == "PENDING":   # Slurm holds a requeued job ~2 min (BeginTime): release it now
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        time.sleep(1)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps_logged = [r["step"] for r in read_jsonl(metrics)]
+    assert steps_logged == list(range(5, steps + 1, 5))
+    assert 0 < summary["resumed_from_step"] < steps
+    assert (tmp_path / "checkpoint.pt").exists()
+
+
+def test_bad_slurm_input_is_refused_before_submitting(tmp_path):
+    short = run_cli(["launcher=slurm", "parallel=ddp", "launcher.timeout_min=1", f"hydra.run.dir={tmp_path}/a"])
+    assert short.returncode == 2 and "launcher.signal_delay_s=90" in short.stderr
+    no_ranks = run_cli(["launcher=slurm", "parallel=none", f"hydra.run.dir={tmp_path}/b"])
+    assert no_ranks.returncode == 2 and "parallel=none with 64 ranks" in no_ranks.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
