@@ -52,3 +52,16 @@ def test_the_article_values_are_in_the_tuned_and_expandable_groups():
     from ablate.allocator import alloc_conf
 
     assert alloc_conf(cfg.allocator) == "expandable_segments:True,max_split_size_mb:128"
+
+
+@pytest.mark.parametrize("name", group_choices()["sweeps"])
+def test_every_sweep_file_composes_at_every_grid_point(name):
+    from ablate.cli import preflight
+
+    preflight([f"+sweeps={name}"])     # raises ConfigError on any bad point
+
+
+def test_week4_lists_every_claim():
+    from ablate.sweeps import expand
+
+    assert expand(["week4"]) == ["c1_mfu", "c2_zero3", "c3_no_sync", "c4_bf16", "c5_expandable", "c6_pinned"]

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from ablate import CONF_DIR
+from ablate import CONF_DIR, SWEEPS_DIR
 from ablate.config import AblateConfig, ConfigError, register, validate
 
 EXIT_USAGE = 2
@@ -25,6 +25,7 @@ def fail(message: str) -> "NoReturn":  # noqa: F821
 def group_choices(conf_dir: Path = CONF_DIR) -> Dict[str, List[str]]:
     """{group: [choice, ...]} from the YAML files under conf/ (the sweep group included)."""
     out = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in conf_dir.iterdir() if d.is_dir()}
+    out["sweeps"] = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml") if p.stem != "week4")
     return out
 
 
@@ -80,27 +81,48 @@ def check_hardware(cfg: AblateConfig) -> None:
     check_parallel(cfg, device.type == "cuda")
 
 
-def preflight(argv: List[str], hardware: bool = True) -> None:
-    """Compose every combination the command line asks for and validate it, or fail in one line."""
-    register()
-    overrides = _overrides(argv)
+def _sweeper_params(overrides: List[str], parsed) -> List[str]:
+    """A sweeps/ file's own grid (hydra.sweeper.params), less the keys the command line sets itself."""
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    cfg = compose("config", overrides=fixed, return_hydra_config=True)
+    params = cfg.hydra.sweeper.get("params") or {}
+    given = {o.get_key_element() for o in parsed}
+    return [f"{k}={v}" for k, v in params.items() if k not in given and f"+{k}" not in given]
+
+
+def _validate(combo: List[str], hardware: bool) -> None:
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        cfg = compose("config", overrides=list(combo))
     except Exception as e:
         raise ConfigError(_first_line(e)) from None
-    _check_choices(parsed, group_choices())
-    combos = BasicSweeper.split_arguments(parsed, None)[0] if parsed else [[]]
+    try:
+        typed = validate(cfg)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(_first_line(e)) from None
+    if hardware:
+        check_hardware(typed)
+
+
+def preflight(argv: List[str], hardware: bool = True) -> None:
+    """Compose every combination the command line (and a sweeps/ file's grid) asks for and validate it,
+    or fail in one line."""
+    register()
+    overrides = _overrides(argv)
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except Exception as e:
+        raise ConfigError(_first_line(e)) from None
+    choices = group_choices()
+    _check_choices(parsed, choices)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="ablate"):
-        for combo in combos:
-            try:
-                cfg = compose("config", overrides=list(combo))
-            except Exception as e:
-                raise ConfigError(_first_line(e)) from None
-            try:
-                typed = validate(cfg)
-            except ConfigError:
-                raise
-            except Exception as e:
-                raise ConfigError(_first_line(e)) from None
-            if hardware:
-                check_hardware(typed)
+        try:
+            overrides = _sweeper_params(overrides, parsed) + overrides
+            parsed = parser.parse_overrides(overrides)
+        except Exception as e:
+            raise ConfigError(_first_line(e)) from None
+        _check_choices(parsed, choices)
+        for combo in BasicSweeper.split_arguments(parsed, None)[0] if parsed else [[]]:
+            _validate(combo, hardware)

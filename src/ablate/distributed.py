@@ -47,6 +47,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def share_cpu_threads() -> None:
+    """Ranks on one machine split its cores (as torchrun's OMP_NUM_THREADS=1 default intends): with each
+    rank running as many threads as there are cores, spinning threads collide and step times swing 4x."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+
+
 def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     """Join the job's process group: always with several ranks, and with one when the strategy needs
     a group anyway (ddp/fsdp2/zero on a single process)."""
@@ -55,6 +64,8 @@ def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(device_choice, local_rank)
+    if device.type == "cpu" and world > 1:
+        share_cpu_threads()
     if world == 1 and need_group:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))

@@ -6,6 +6,7 @@ is generated from the Hydra node (`ds_config`), and saved in the run directory.
 """
 from __future__ import annotations
 
+import os
 from typing import Dict
 
 import torch
@@ -56,6 +57,8 @@ class Zero:
     def __init__(self, model, cfg: ParallelConfig, train: TrainConfig, precision, device, world_size: int):
         self.comm = CommCounter()
         self.counter = CollectiveCounter(self.comm).install()   # before DeepSpeed captures the functions
+        if device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")      # said, not guessed: no detection warning
         import deepspeed
 
         self.train, self.precision, self.device, self.stage = train, precision, device, cfg.zero_stage
