@@ -24,7 +24,8 @@ def test_every_combination_of_the_five_groups_composes():
 @pytest.mark.parametrize("group", ["model", "train", "logger", "launcher"])
 def test_other_groups_compose(group):
     for choice in group_choices()[group]:
-        validate(compose_cfg([f"{group}={choice}"]))
+        extra = ["parallel=ddp"] if group == "launcher" else []   # several ranks need a parallel strategy
+        validate(compose_cfg([f"{group}={choice}", *extra]))
 
 
 def test_defaults_are_the_cpu_tiny_run():
