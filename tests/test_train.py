@@ -33,9 +33,33 @@ def test_same_seed_same_losses(tmp_path, fast):
     assert a["loss"] == b["loss"]
 
 
+SUMMARY_KEYS = ("mfu", "hfu", "flops_per_token", "peak_flops", "peak_flops_source", "tokens_per_s",
+                "tflops_per_device", "step_time_s", "data_wait_frac", "mem_peak_bytes", "mem_reserved_bytes",
+                "fragmentation", "nonfinite_steps", "scaler_skipped_steps", "comm_bytes_per_step",
+                "comm_calls_per_step", "gpu_util")
+
+
+def test_summary_has_every_figure_or_says_why_not(tmp_path, fast):
+    import torch
+
+    summary = run_in_process(tmp_path, fast)
+    for key in SUMMARY_KEYS:
+        assert key in summary, key
+        if summary[key] is None:
+            assert summary["notes"].get(key), f"{key} is null without a reason"
+    assert summary["comm_bytes_per_step"] == 0 and summary["comm_calls_per_step"] == 0   # one process
+    if not torch.cuda.is_available():
+        assert summary["peak_flops_source"] == "measured" and 0 < summary["mfu"] < 1.5
+        assert summary["fragmentation"] is None and "CUDA" in summary["notes"]["fragmentation"]
+        assert summary["env"]["allocator"]["applicable"] is False
+    assert summary["state_bytes"]["optimizer"] == 2 * summary["state_bytes"]["params"] + 4 * 21  # Adam m, v + steps
+
+
 @pytest.mark.slow
 def test_the_default_command_writes_a_run_dir_with_wandb_offline(tmp_path):
-    result = run_cli([f"hydra.run.dir={tmp_path}"])
+    from wandb_file import digest
+
+    result = run_cli([f"hydra.run.dir={tmp_path}", "logger.group=g1", "logger.job_type=C9"])
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     rows = read_jsonl(tmp_path / "metrics.jsonl")
@@ -44,3 +68,10 @@ def test_the_default_command_writes_a_run_dir_with_wandb_offline(tmp_path):
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert (tmp_path / "config.yaml").exists() and (tmp_path / ".hydra" / "overrides.yaml").exists()
     assert "ablate run" in result.stderr    # the summary table
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = digest(run_file)
+    assert logged["run"].run_group == "g1" and logged["run"].job_type == "C9"
+    assert {"precision:fp32", "parallel:none", "model:tiny"} <= set(logged["run"].tags)
+    assert {"model", "train", "precision", "parallel"} <= set(logged["config"])
+    assert [json.loads(h["step"]) for h in logged["history"]] == [r["step"] for r in rows]
+    assert json.loads(logged["summary"]["tokens_per_s"]) == pytest.approx(summary["tokens_per_s"])

@@ -26,7 +26,10 @@ def hydra_main(cfg: DictConfig):
         fail(str(e))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     choices = {k: v for k, v in runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    return launcher.launch(typed, resolved, Path(runtime.output_dir), choices)
+    try:
+        return launcher.launch(typed, resolved, Path(runtime.output_dir), choices)
+    except ConfigError as e:   # found only once running (e.g. a checkpoint that is not there)
+        fail(str(e))
 
 
 def main() -> None:

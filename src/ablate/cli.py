@@ -76,6 +76,8 @@ def check_hardware(cfg: AblateConfig) -> None:
 
     from ablate.parallel import check as check_parallel
 
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda: no CUDA device is visible here; valid choices: auto, cpu")
     device = torch.device("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
     check_precision(cfg.precision, device)
     check_parallel(cfg, device.type == "cuda")

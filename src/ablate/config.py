@@ -6,6 +6,7 @@ A bad value ends in one `ConfigError` line naming the key and the valid choices.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -87,6 +88,8 @@ class TrainConfig:
         _at_least("train.max_grad_norm", self.max_grad_norm, 0)
         _at_least("train.checkpoint_every", self.checkpoint_every, 0)
         _choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        if self.resume is not None and not os.path.exists(self.resume):
+            raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
 
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")

@@ -58,14 +58,15 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         repeat = self.n_heads // self.n_kv_heads
-        if repeat > 1:  # grouped-query attention: each kv head serves `repeat` query heads
+        if not self.math:
+            # grouped-query attention inside the fused kernel: no copies of k and v
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=repeat > 1)
+            return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+        if repeat > 1:  # each kv head serves `repeat` query heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        if self.math:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            out = scores.masked_fill(~mask, float("-inf")).softmax(-1).type_as(v) @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        out = scores.masked_fill(~mask, float("-inf")).softmax(-1).type_as(v) @ v
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 

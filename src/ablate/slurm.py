@@ -65,17 +65,17 @@ def executor_parameters(cfg: AblateConfig, name: str, applied_env: Dict) -> Dict
     return params
 
 
-def sbatch_script(folder: Path, params: Dict[str, object]) -> str:
-    """The script submitit would submit, without submitting it."""
-    from submitit.slurm.slurm import _make_sbatch_string
+def make_executor(cfg: AblateConfig, folder: Path, params: Dict[str, object]):
+    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm",
+                                     slurm_max_num_timeout=cfg.launcher.max_restarts)
+    executor.update_parameters(**params)
+    return executor
 
-    plain = {k[len("slurm_"):] if k.startswith("slurm_") else k: v for k, v in params.items()}
-    plain["signal_delay_s"] = plain.pop("signal_delay_s")
-    plain["time"] = plain.pop("timeout_min")
-    plain["job_name"] = plain.pop("name")
-    plain["ntasks_per_node"] = plain.pop("tasks_per_node")
-    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-    return _make_sbatch_string(command=command, folder=str(folder), **plain)
+
+def sbatch_script(executor) -> str:
+    """The script submitit would submit, made by submitit itself, without submitting it."""
+    inner = executor._executor   # SlurmExecutor: its own script writer keeps the dry run == the real job
+    return inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
 
 
 class SlurmTrain(Checkpointable):
@@ -99,14 +99,12 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     applied = launcher.apply_environment(cfg)
     folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()
     params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
+    executor = make_executor(cfg, folder, params)
     if cfg.launcher.dry_run:
         path = run_dir / "sbatch.sh"
-        path.write_text(sbatch_script(folder / "%j", params))
+        path.write_text(sbatch_script(executor))
         print(f"dry run: the sbatch script is {path} (nothing submitted)")
         return {"dry_run": str(path)}
-    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm",
-                                     slurm_max_num_timeout=cfg.launcher.max_restarts)
-    executor.update_parameters(**params)
     job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
           + (f", W&B files under {run_dir}/wandb" if cfg.logger.name == "wandb" else ""), flush=True)
