@@ -49,10 +49,10 @@ def _fmt(key: str, value) -> str:
     if isinstance(value, float):
         if key in ("mfu", "hfu", "data_wait_frac", "fragmentation", "gpu_util", "mfu_vs_measured_peak"):
             return f"{value:.2%}"
-        if key.endswith("bytes") or key.endswith("_per_step") and "bytes" in key:
+        if "bytes" in key:
             return f"{value / 2**20:,.1f} MiB"
         return f"{value:,.4g}"
-    if isinstance(value, int) and key.endswith("bytes"):
+    if isinstance(value, int) and "bytes" in key:
         return f"{value / 2**20:,.1f} MiB"
     return str(value)
 
