@@ -94,7 +94,7 @@ def test_a_preempted_job_resumes_with_every_step_exactly_once(tmp_path):
     steps_logged = [r["step"] for r in read_jsonl(metrics)]
     assert steps_logged == list(range(5, steps + 1, 5))
     assert 0 < summary["resumed_from_step"] < steps
-    assert (tmp_path / "checkpoint.pt").exists()
+    assert (tmp_path / "checkpoint/meta.pt").exists()
 
 
 def test_bad_slurm_input_is_refused_before_submitting(tmp_path):

@@ -1,14 +1,16 @@
 """Atomic checkpoints, resume, and preemption: a Slurm warning signal becomes a checkpoint at the next
 step boundary, then a requeue; the requeued job resumes with no lost and no repeated steps.
 
-A checkpoint holds model, optimizer, GradScaler, the step (which fixes the data position: batch i is a
-pure function of i), RNG states and the W&B run id. It is written to a temporary file and renamed,
-so a kill mid-write leaves the previous checkpoint whole.
+A checkpoint is a directory: the strategy's own files (one torch.save for none/ddp, torch.distributed.checkpoint
+shards for FSDP2, DeepSpeed's save_checkpoint for ZeRO) and meta.pt with the GradScaler, the step (which
+fixes the data position: batch i is a pure function of i), RNG states and the W&B run id. It is written
+beside the old one and swapped in, so a kill mid-write leaves the previous checkpoint whole.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Dict, Optional
@@ -18,8 +20,7 @@ import torch.distributed as dist
 
 from ablate.config import ConfigError
 
-FILENAME = "checkpoint.pt"
-SUPPORTED = ("none", "ddp")
+DIRNAME = "checkpoint"     # <run dir>/checkpoint/: meta.pt (rank 0) + the strategy's own files
 
 
 class Preempted(Exception):
@@ -31,36 +32,51 @@ class Preempted(Exception):
 
 
 def resolve(resume: Optional[str]) -> Optional[Path]:
+    """train.resume: a checkpoint directory, or a run directory holding one."""
     if not resume:
         return None
     path = Path(resume)
-    path = path / FILENAME if path.is_dir() else path
-    if not path.is_file():
-        raise ConfigError(f"train.resume={resume}: no checkpoint there (expected a {FILENAME} or a run dir)")
+    path = path / DIRNAME if (path / DIRNAME / "meta.pt").exists() else path
+    if not (path / "meta.pt").is_file():
+        raise ConfigError(f"train.resume={resume}: no checkpoint there (expected {DIRNAME}/meta.pt in a run dir)")
     return path
 
 
-def save(path: Path, strategy, step: int, wandb_id: Optional[str], is_main: bool) -> None:
-    state = strategy.state_dict()      # collective for sharded strategies: every rank takes part
-    if is_main:
-        blob = {"step": step, "strategy": state, "precision": strategy.precision.state_dict(),
-                "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "wandb_id": wandb_id}
-        tmp = path.with_suffix(".tmp")
-        torch.save(blob, tmp)
-        os.replace(tmp, path)
+def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
 
 
+def save(target: Path, strategy, step: int, wandb_id: Optional[str], is_main: bool) -> None:
+    """Write into <target>.tmp, then swap it in: a kill at any moment leaves a whole checkpoint behind."""
+    tmp, old = target.with_name(target.name + ".tmp"), target.with_name(target.name + ".old")
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    strategy.save_checkpoint(tmp)     # collective for sharded strategies: every rank writes its part
+    if is_main:
+        torch.save({"step": step, "precision": strategy.precision.state_dict(), "rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    "wandb_id": wandb_id}, tmp / "meta.pt")
+    _barrier()
+    if is_main:
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
 def load(path: Path, strategy) -> Dict:
-    blob = torch.load(path, map_location=strategy.device, weights_only=False)
-    strategy.load_state_dict(blob["strategy"])
-    strategy.precision.load_state_dict(blob["precision"])
-    torch.set_rng_state(blob["rng"].cpu())
-    if blob.get("cuda_rng") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(blob["cuda_rng"])
-    return blob
+    meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
+    strategy.load_checkpoint(path)
+    strategy.precision.load_state_dict(meta["precision"])
+    torch.set_rng_state(meta["rng"])
+    if meta.get("cuda_rng") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(meta["cuda_rng"])
+    return meta
 
 
 def truncate_metrics(run_dir: Path, step: int) -> None:
@@ -123,9 +139,3 @@ def _control_group():
     if _CONTROL is None:
         _CONTROL = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
     return _CONTROL
-
-
-def check_supported(parallel: str) -> None:
-    if parallel not in SUPPORTED:
-        raise ConfigError(f"train.resume with parallel={parallel}: checkpoints are implemented for "
-                          f"{', '.join(SUPPORTED)} only so far")

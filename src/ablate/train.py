@@ -61,7 +61,6 @@ class Loop:
         self.cfg, self.env, self.strategy, self.feeder = cfg, env, strategy, feeder
         self.meter, self.tracker, self.progress, self.run_dir = meter, tracker, progress, run_dir
         self.preemption = checkpoint.Preemption(env.world_size)
-        self.can_checkpoint = cfg.parallel.name in checkpoint.SUPPORTED
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
@@ -99,14 +98,13 @@ class Loop:
     def between_steps(self, step: int) -> None:
         every = self.cfg.train.checkpoint_every
         if self.preemption.due():
-            if self.can_checkpoint:
-                self.save(step)
+            self.save(step)
             raise checkpoint.Preempted(self.preemption.signum)
-        if self.can_checkpoint and every and (step % every == 0 or step == self.cfg.train.steps):
+        if every and (step % every == 0 or step == self.cfg.train.steps):
             self.save(step)
 
     def save(self, step: int) -> None:
-        checkpoint.save(self.run_dir / checkpoint.FILENAME, self.strategy, step, self.tracker.wandb_id,
+        checkpoint.save(self.run_dir / checkpoint.DIRNAME, self.strategy, step, self.tracker.wandb_id,
                         self.env.is_main)
 
 
@@ -114,10 +112,9 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
     """train.resume, or this run dir's own checkpoint when a requeued Slurm job starts again."""
     explicit = checkpoint.resolve(cfg.train.resume)
     if explicit:
-        checkpoint.check_supported(cfg.parallel.name)
         return explicit
-    own = run_dir / checkpoint.FILENAME
-    return own if own.exists() and "SLURM_JOB_ID" in os.environ else None
+    own = run_dir / checkpoint.DIRNAME
+    return own if (own / "meta.pt").exists() and "SLURM_JOB_ID" in os.environ else None
 
 
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Dict, Iterable
 
 import torch
+import torch.distributed as dist
 
 from ablate.config import TrainConfig
 
@@ -97,11 +99,20 @@ class Strategy:
         return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
                 "optimizer": optimizer_state_bytes(self.optimizer)}
 
-    def state_dict(self) -> Dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+    @property
+    def module(self):
+        """The model without its data-parallel wrapper."""
+        return getattr(self.model, "module", self.model)
 
-    def load_state_dict(self, state: Dict) -> None:
-        self.model.load_state_dict(state["model"])
+    def save_checkpoint(self, directory: Path) -> None:
+        """Replicated state: rank 0 writes one file."""
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+                       directory / "model_optimizer.pt")
+
+    def load_checkpoint(self, directory: Path) -> None:
+        state = torch.load(directory / "model_optimizer.pt", map_location=self.device, weights_only=False)
+        self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:

@@ -26,10 +26,3 @@ class DDP(Strategy):
         if self.no_sync and not last:
             return self.model.no_sync()     # accumulate locally; the last micro-step reduces the sum
         return contextlib.nullcontext()
-
-    def state_dict(self):
-        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state):
-        self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import contextlib
 
+from pathlib import Path
+
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ablate.metrics.comm import CollectiveCounter
@@ -29,6 +33,18 @@ class FSDP2(Strategy):
     def clip(self) -> torch.Tensor:
         norm = super().clip()
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Each rank writes its own shards (torch.distributed.checkpoint): no gather on rank 0."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"))
+
+    def load_checkpoint(self, directory: Path) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=str(directory / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
 
     def close(self):
         self.counter.uninstall()

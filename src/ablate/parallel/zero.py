@@ -7,6 +7,7 @@ is generated from the Hydra node (`ds_config`), and saved in the run directory.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Dict
 
 import torch
@@ -108,8 +109,14 @@ class Zero:
         return {"params": sum(held.values()), "grads": sum(n for p, n in grad_mem.items() if p not in held),
                 "optimizer": opt}
 
-    def state_dict(self):
-        raise NotImplementedError("DeepSpeed checkpoints go through engine.save_checkpoint")
+    def save_checkpoint(self, directory: Path) -> None:
+        """DeepSpeed's own format: every rank writes its partition of the ZeRO state."""
+        self.model.save_checkpoint(str(directory / "deepspeed"), tag="latest", save_latest=False)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        path, _ = self.model.load_checkpoint(str(directory / "deepspeed"), tag="latest")
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {directory / 'deepspeed'}")
 
     def close(self) -> None:
         self.counter.uninstall()

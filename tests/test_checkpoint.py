@@ -1,0 +1,36 @@
+"""Checkpoints for every strategy: stop after step 4, resume to step 6, and get the losses of a run that
+never stopped (real 2-rank runs for the distributed strategies)."""
+import json
+
+import pytest
+
+from conftest import read_jsonl, run_cli, run_in_process
+
+COMMON = ["logger=none", "train.log_every=2", "train.warmup_steps=1", "metrics.gemm_probe_n=128"]
+
+
+def test_single_process_resume_is_exact(tmp_path):
+    reference = run_in_process(tmp_path / "ref", [*COMMON, "train.steps=6"])
+    run_in_process(tmp_path / "first", [*COMMON, "train.steps=4", "train.checkpoint_every=4"])
+    assert (tmp_path / "first" / "checkpoint" / "meta.pt").exists()
+    resumed = run_in_process(tmp_path / "second", [*COMMON, "train.steps=6", f"train.resume={tmp_path / 'first'}"])
+    assert resumed["resumed_from_step"] == 4
+    assert resumed["loss"] == reference["loss"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "second" / "metrics.jsonl")] == [6]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "zero3"])
+def test_distributed_resume_matches_an_uninterrupted_run(tmp_path, parallel):
+    args = [*COMMON, "launcher.nproc_per_node=2", f"parallel={parallel}"]
+
+    def run(name, *extra):
+        result = run_cli([*args, *extra, f"hydra.run.dir={tmp_path / name}"])
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    reference = run("ref", "train.steps=6")
+    run("first", "train.steps=4", "train.checkpoint_every=2")
+    resumed = run("second", "train.steps=6", f"train.resume={tmp_path / 'first'}")
+    assert resumed["resumed_from_step"] == 4
+    assert resumed["loss"] == pytest.approx(reference["loss"], abs=1e-5)
