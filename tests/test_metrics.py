@@ -1,5 +1,4 @@
 """The measurement math, on hand-checked numbers and against independent counts."""
-import warnings
 
 import pytest
 import torch

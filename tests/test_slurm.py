@@ -103,3 +103,15 @@ def test_bad_slurm_input_is_refused_before_submitting(tmp_path):
     no_ranks = run_cli(["launcher=slurm", "parallel=none", f"hydra.run.dir={tmp_path}/b"])
     assert no_ranks.returncode == 2 and "parallel=none with 64 ranks" in no_ranks.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_hydras_own_submitit_launcher_also_works(tmp_path):
+    """hydra-submitit-launcher 1.2.0: the sweep goes as one array job, each task runs the entrypoint,
+    which finds Slurm's variables and joins the 2-task process group."""
+    result = run_cli(["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=2",
+                      "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5",
+                      "parallel=ddp", "launcher.nproc_per_node=2", "logger=none", "train.steps=6",
+                      "metrics.gemm_probe_n=128", "train.seed=0,1", f"hydra.sweep.dir={tmp_path}"], timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
+    assert len(summaries) == 2 and all(s["world_size"] == 2 for s in summaries)
