@@ -51,7 +51,7 @@ def _fmt(key: str, value) -> str:
             return f"{value:.2%}"
         if "bytes" in key:
             return f"{value / 2**20:,.1f} MiB"
-        return f"{value:,.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, int) and "bytes" in key:
         return f"{value / 2**20:,.1f} MiB"
     return str(value)
