@@ -25,15 +25,24 @@ def _has(cmd) -> bool:
     return shutil.which(cmd) is not None
 
 
+SYSTEM_PATH = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def local_slurm():
+    """Use the cluster that is up (CI starts one); else start one here and stop it afterwards."""
+    started_here = False
     if not slurm_up():
-        started = subprocess.run(["bash", str(REPO / "slurm" / "start_local.sh")], env={
-            "SLURM_CI_CPUS": "4", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-            capture_output=True, text=True, timeout=600)
+        started = subprocess.run(["bash", str(REPO / "slurm" / "start_local.sh")],
+                                 env={"SLURM_CI_CPUS": "4", **SYSTEM_PATH}, capture_output=True, text=True,
+                                 timeout=600)
         if started.returncode != 0:
             pytest.skip(f"no local Slurm could be started: {started.stdout[-500:]}{started.stderr[-500:]}")
+        started_here = True
     yield
+    if started_here:
+        subprocess.run(["bash", str(REPO / "slurm" / "stop_local.sh")], env=SYSTEM_PATH, capture_output=True,
+                       timeout=120)
 
 
 def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path):

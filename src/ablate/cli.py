@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, NoReturn
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -17,7 +17,7 @@ from ablate.config import AblateConfig, ConfigError, register, validate
 EXIT_USAGE = 2
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     print(f"ablate: error: {message}", file=sys.stderr)
     sys.exit(EXIT_USAGE)
 
