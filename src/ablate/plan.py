@@ -78,18 +78,33 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "ablate": ablate_strategy(numels, cfg.parallel, cfg.precision.name, world)}
 
 
+def decimal_bytes(n: float) -> str:
+    """GB = 1e9 bytes as the article counts; smaller units for small models."""
+    if not n:
+        return "0"
+    unit, size = next(((u, s) for u, s in (("GB", 1e9), ("MB", 1e6)) if n >= s), ("kB", 1e3))
+    return f"{n / size:,.1f} {unit}"
+
+
+def count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:,.4g}{unit}"
+    return f"{n:.0f}"
+
+
 def render(p: Dict[str, object]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
-    table = Table(title=f"static memory per GPU: model={p['model']} ({p['params'] / 1e9:.2f}B params), "
+    gb = decimal_bytes
+    table = Table(title=f"static memory per GPU: model={p['model']} ({count(p['params'])} params), "
                         f"parallel={p['parallel']}, precision={p['precision']}, world={p['world_size']}")
     for col in ("accounting", "weights", "gradients", "optimizer", "per GPU", "whole model"):
         table.add_column(col, justify="right" if col != "accounting" else "left")
-    nominal = p["nominal_params"] / 1e9
-    rows = [(f"article: 12 B/param x {nominal:g}B, fully sharded", p["article"], p["article_total"]),
-            (f"ZeRO paper: 16 B/param (2+2+12) x {nominal:g}B", p["zero_paper"], p["zero_paper_total"]),
+    nominal = count(p["nominal_params"])
+    rows = [(f"article: 12 B/param x {nominal}, fully sharded", p["article"], p["article_total"]),
+            (f"ZeRO paper: 16 B/param (2+2+12) x {nominal}", p["zero_paper"], p["zero_paper_total"]),
             (f"ablate {p['parallel']} ({p['precision']}), as allocated", p["ablate"], None)]
     for label, b, whole in rows:
         table.add_row(label, gb(b.params), gb(b.grads), gb(b.optimizer), f"[bold]{gb(b.total)}",
