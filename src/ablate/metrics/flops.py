@@ -102,20 +102,21 @@ def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Option
     return tokens_per_s_per_device * flops / peak_flops
 
 
-def gemm_probe(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> Tuple[float, float]:
-    """This machine's matmul rate: median of `repeats` n x n x n products after a warm-up.
-    Returns (FLOP/s, seconds spent)."""
+def gemm_probe(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 10,
+               warmup: int = 3) -> Tuple[float, float]:
+    """This machine's matmul rate: median of `repeats` n x n x n products after `warmup` ones (thread
+    pools, clocks and caches settle). Returns (FLOP/s, seconds spent)."""
     started = time.perf_counter()
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     times = []
-    for i in range(repeats + 2):
+    for i in range(repeats + warmup):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         torch.mm(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if i >= 2:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
     return 2 * n**3 / statistics.median(times), time.perf_counter() - started
