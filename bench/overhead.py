@@ -29,7 +29,7 @@ def bare_loop(cfg) -> float:
     """What a user would write by hand: no metrics, no logging, no progress."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
-    optimizer = make_adamw(model.parameters(), cfg.train, torch.device("cpu"))
+    optimizer = make_adamw(model.parameters(), cfg.train)
     data = SyntheticBatches(cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, None, cfg.train.seed)
     tokens, started = 0, None
     for step in range(cfg.train.steps):

@@ -72,18 +72,13 @@ def check_hardware(cfg: AblateConfig) -> None:
         return
     import torch
 
-    from ablate.precision import check_hardware as check_precision
+    from ablate.distributed import device_type
+    from ablate.train import check_runnable
 
-    from ablate.parallel import check as check_parallel
-
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda: no CUDA device is visible here; valid choices: auto, cpu")
-    device = torch.device("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
-    check_precision(cfg.precision, device)
-    check_parallel(cfg, device.type == "cuda")
+    check_runnable(cfg, torch.device(device_type(cfg.train.device)))
 
 
-def _sweeper_params(overrides: List[str], parsed) -> List[str]:
+def _sweeper_params(parsed) -> List[str]:
     """A sweeps/ file's own grid (hydra.sweeper.params), less the keys the command line sets itself."""
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     cfg = compose("config", overrides=fixed, return_hydra_config=True)
@@ -121,7 +116,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
     _check_choices(parsed, choices)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="ablate"):
         try:
-            overrides = _sweeper_params(overrides, parsed) + overrides
+            overrides = _sweeper_params(parsed) + overrides
             parsed = parser.parse_overrides(overrides)
         except Exception as e:
             raise ConfigError(_first_line(e)) from None

@@ -32,10 +32,15 @@ def _export_slurm_env() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
+def device_type(choice: str) -> str:
+    """train.device (auto | cpu | cuda) on this machine: "cuda" or "cpu", or a one-line refusal."""
     if choice == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device=cuda: no CUDA device is visible here; valid choices: auto, cpu")
-    if choice in ("auto", "cuda") and torch.cuda.is_available():
+    return "cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu"
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if device_type(choice) == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -38,12 +38,12 @@ def _already_a_rank() -> bool:
 def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
     from ablate import train
 
+    _write_config(run_dir, resolved)
+    applied = apply_environment(cfg)   # in the submitting process too: the sbatch script exports it
     if cfg.launcher.name == "slurm" and not _already_a_rank():
         from ablate import slurm
 
-        return slurm.submit(cfg, resolved, run_dir, choices)
-    _write_config(run_dir, resolved)
-    applied = apply_environment(cfg)
+        return slurm.submit(cfg, resolved, run_dir, choices, applied)
     if cfg.launcher.nproc_per_node > 1 and not _already_a_rank():
         return spawn_local_ranks(cfg, run_dir, resolved, choices, applied)
     return train.run(cfg, run_dir, resolved, choices, applied)

@@ -91,12 +91,9 @@ class SlurmTrain(Checkpointable):
         return train.run(self.cfg, self.run_dir, self.resolved, self.choices, applied)
 
 
-def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
-    from ablate import launcher
-
+def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str],
+           applied: Dict) -> Optional[Dict]:
     check(cfg.launcher)
-    launcher._write_config(run_dir, resolved)
-    applied = launcher.apply_environment(cfg)
     folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()
     params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
     executor = make_executor(cfg, folder, params)
@@ -119,7 +116,7 @@ def wait_for(job) -> Optional[Dict]:
     while not job.done():
         shown = _show_new(job.paths.stderr, shown)
         time.sleep(1)
-    _show_new(job.paths.stderr, shown)
+    _show_new(job.paths.stderr, shown, final=True)
     try:
         results = job.results()
     except Exception as e:   # submitit re-raises the job's own error with its traceback text
@@ -129,11 +126,15 @@ def wait_for(job) -> Optional[Dict]:
     return results[0]
 
 
-def _show_new(path: Path, shown: int) -> int:
+def _show_new(path: Path, shown: int, final: bool = False) -> int:
+    """Print what the log gained since byte `shown` (complete lines until `final`); return the new offset."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            f.seek(shown)
+            new = f.read()
     except OSError:
         return shown
-    for line in text[shown:].splitlines():
+    complete = new if final else new[:new.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
         print(f"[slurm] {line}", file=sys.stderr, flush=True)
-    return len(text)
+    return shown + len(complete)

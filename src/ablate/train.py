@@ -37,6 +37,12 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
+def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
+    """A precision or strategy this device cannot run: one ConfigError line, before any work."""
+    precision_group.check_hardware(cfg.precision, device)
+    parallel.check(cfg, device.type == "cuda")
+
+
 def build(cfg: AblateConfig, env: distributed.DistEnv):
     torch.manual_seed(cfg.train.seed)           # same initial weights on every rank
     model = build_model(cfg.model, env.device)
@@ -45,7 +51,7 @@ def build(cfg: AblateConfig, env: distributed.DistEnv):
     if cfg.train.compile:
         model = torch.compile(model)
     strategy = parallel.build(cfg.parallel, model, cfg.train, precision, env.device, env.world_size)
-    return model, precision, strategy
+    return model, strategy
 
 
 def injected_failure():
@@ -123,9 +129,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
     env = distributed.setup(cfg.train.device, need_group=cfg.parallel.name != "none")
     clean = False
     try:
-        precision_group.check_hardware(cfg.precision, env.device)
-        parallel.check(cfg, env.device.type == "cuda")
-        model, precision, strategy = build(cfg, env)
+        check_runnable(cfg, env.device)
+        model, strategy = build(cfg, env)
         start_step, wandb_id = 0, None
         resume = resume_point(cfg, run_dir)
         if resume is not None:

@@ -45,7 +45,7 @@ class Peak:
 class Meter:
     def __init__(self, cfg: AblateConfig, env, feeder, strategy):
         self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
-        device = env.device
+        device = self.device
         self.feeder, self.strategy = feeder, strategy
         self.notes: Dict[str, str] = {}
         self.peak = Peak(cfg, device, self.notes)
@@ -63,7 +63,7 @@ class Meter:
         self.grad_norm = torch.zeros((), device=device)
         self.measuring = False
         self.totals = dict(time=0.0, steps=0, tokens=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
-                           fwd_bwd=0.0, optimizer=0.0)
+                           fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0)
         self.last: Dict[str, object] = {}
         self.util_samples = []
         self.mem_max: Dict[str, Optional[int]] = {}
@@ -129,7 +129,7 @@ class Meter:
         for k, v in (("time", elapsed), ("tokens", tokens), ("flops", fl.model), ("hw_flops", fl.hardware),
                      ("wait", wait), ("copy", copy), ("fwd_bwd", phases.get("fwd_bwd", 0.0)),
                      ("optimizer", phases.get("optimizer", 0.0)), ("comm_bytes", comm_bytes), ("comm_calls", comm_calls)):
-            self.totals[k] = self.totals.get(k, 0) + v
+            self.totals[k] += v
         util = self.nvml.take() if self.nvml else None
         if util is not None:
             self.util_samples.append(util)
@@ -138,13 +138,13 @@ class Meter:
 
     def _rates(self, elapsed, steps, tokens, model_flops, hw_flops, wait, copy, phases) -> Dict[str, object]:
         per_device = tokens / elapsed
-        achieved = model_flops / elapsed
+        model_fpt, hw_fpt = model_flops / max(tokens, 1), hw_flops / max(tokens, 1)   # FLOPs per token
         out = {"tokens_per_s": per_device * self.world_size, "tokens_per_s_per_device": per_device,
-               "tflops_per_device": achieved / 1e12, "step_time_s": elapsed / max(steps, 1),
-               "mfu": F.utilization(1.0, achieved, self.peak.value),
-               "hfu": F.utilization(1.0, hw_flops / elapsed, self.peak.value),
-               "mfu_vs_measured_peak": F.utilization(1.0, achieved, self.peak.measured),
-               "mfu_vs_datasheet_peak": F.utilization(1.0, achieved, self.peak.datasheet),
+               "tflops_per_device": per_device * model_fpt / 1e12, "step_time_s": elapsed / max(steps, 1),
+               "mfu": F.utilization(per_device, model_fpt, self.peak.value),
+               "hfu": F.utilization(per_device, hw_fpt, self.peak.value),
+               "mfu_vs_measured_peak": F.utilization(per_device, model_fpt, self.peak.measured),
+               "mfu_vs_datasheet_peak": F.utilization(per_device, model_fpt, self.peak.datasheet),
                "data_wait_frac": wait / elapsed, "time/data_wait_s": wait / max(steps, 1),
                "time/h2d_copy_s": copy / max(steps, 1)}
         for phase in ("fwd_bwd", "optimizer"):
@@ -166,8 +166,8 @@ class Meter:
             "peak_flops_datasheet": self.peak.datasheet, "peak_flops_measured": self.peak.measured,
             "device_name": self.peak.device_name, "world_size": self.world_size,
             "gpu_util": sum(self.util_samples) / len(self.util_samples) if self.util_samples else None,
-            "comm_bytes_per_step": t.get("comm_bytes", 0) / t["steps"],
-            "comm_calls_per_step": t.get("comm_calls", 0) / t["steps"],
+            "comm_bytes_per_step": t["comm_bytes"] / t["steps"],
+            "comm_calls_per_step": t["comm_calls"] / t["steps"],
             "nonfinite_steps": int(self.nonfinite.item()), "scaler_skipped_steps": int(self.skipped.item()),
             "loss_scale": self.strategy.precision.loss_scale(), "measured_steps": t["steps"],
             "measured_tokens": t["tokens"], "seq_len": seq,

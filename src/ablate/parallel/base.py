@@ -24,7 +24,7 @@ class CommCounter:
         self.calls += calls
 
 
-def make_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig, device: torch.device):
+def make_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig):
     """AdamW, decaying matrices only; fused kernel where this torch has one for the device."""
     params = [p for p in params if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": train.weight_decay},
@@ -66,7 +66,7 @@ class Strategy:
 
     def __init__(self, model, train: TrainConfig, precision, device: torch.device):
         self.model, self.train, self.precision, self.device = model, train, precision, device
-        self.optimizer = make_adamw(model.parameters(), train, device)
+        self.optimizer = make_adamw(model.parameters(), train)
         self.comm = CommCounter()
         self.measured_state: Dict[str, int] = {}
 

@@ -64,7 +64,7 @@ class Zero:
 
         self.train, self.precision, self.device, self.stage = train, precision, device, cfg.zero_stage
         self.config = ds_config(cfg, train, precision.cfg.name, world_size)
-        optimizer = make_adamw(model.parameters(), train, device)
+        optimizer = make_adamw(model.parameters(), train)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                 config=self.config)
         self.measured_state: Dict[str, int] = {}
