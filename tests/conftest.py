@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List
 
@@ -17,6 +18,16 @@ from ablate.config import register, validate
 
 REPO = Path(__file__).resolve().parents[1]
 register()
+# measured peaks (and the noise floor) go to a cache of the test session's own, never the user's
+os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
+
+
+def group_choices(group: str) -> List[str]:
+    """The choices Hydra itself knows for a group."""
+    from ablate.cli import choices, hydra_context
+
+    with hydra_context():
+        return choices(group)
 
 
 def compose_cfg(overrides: List[str] = ()):

@@ -38,3 +38,56 @@ def test_fp8_on_a_cpu_is_refused_before_any_work(tmp_path):
     assert result.returncode == 2
     assert "compute capability >= 8.9" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train.lr=nan"], "train.lr=nan: must be a finite number > 0"),
+    (["dataloader=pinned", "dataloader.prefetch_factor=0"], "dataloader.prefetch_factor=0: must be >= 1"),
+    (["+train.lrr=1"], "train.lrr: no such key in 'train'"),
+])
+def test_more_bad_values_are_one_line(tmp_path, args, needle):
+    result = run_cli([*args, f"hydra.run.dir={tmp_path}/new"])
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert needle in result.stderr and not (tmp_path / "new").exists()
+
+
+def test_a_users_own_config_dir_adds_choices(tmp_path):
+    mine = tmp_path / "conf" / "model"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("name: mine\ndim: 32\nn_layers: 1\nn_heads: 2\nn_kv_heads: 1\nffn_hidden: 64\n")
+    result = run_cli(["--config-dir", str(tmp_path / "conf"), "model=mine", "logger=none", "train.steps=3",
+                      "train.warmup_steps=1", "metrics.gemm_probe_n=64", f"hydra.run.dir={tmp_path}/run"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "run" / "summary.json").exists()
+    wrong = run_cli(["--config-dir", str(tmp_path / "conf"), "model=nine", f"hydra.run.dir={tmp_path}/x"])
+    assert wrong.returncode == 2 and "valid choices: 1b, 70b, 8b, mine, small, tiny" in wrong.stderr
+
+
+def test_hydras_own_flags_pass_through(tmp_path):
+    completion = run_cli(["-sc", "install=bash"])
+    assert completion.returncode == 0 and "hydra_bash_completion" in completion.stdout
+    helped = run_cli(["--help"])
+    assert helped.returncode == 0 and "sweeps: " in helped.stdout and ".venv" not in helped.stdout
+
+
+@pytest.mark.parametrize("module", ["ablate.plan", "ablate.sweeps", "ablate.report"])
+def test_every_command_has_help(module):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0 and "usage" in result.stdout.lower() and "Traceback" not in result.stderr
+
+
+def test_sweeps_list_names_claim_knob_and_arms():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    result = subprocess.run([sys.executable, "-m", "ablate.sweeps", "--list"], cwd=REPO, capture_output=True,
+                            text=True)
+    assert result.returncode == 0
+    assert "c3_no_sync" in result.stdout and "knob: parallel.no_sync; arms: parallel=ddp_sync,ddp" in result.stdout

@@ -7,9 +7,16 @@ from ablate import allocator, nccl
 from ablate.config import AllocatorConfig, NcclConfig
 
 
+def unset(monkeypatch, *names):
+    """Absent for this test, and absent again after it: setenv first so monkeypatch records the
+    original state, even for variables the code under test sets in os.environ itself."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 def test_allocator_sets_both_names_and_says_it_does_not_apply_without_cuda(monkeypatch):
-    for name in allocator.ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+    unset(monkeypatch, *allocator.ENV_NAMES)
     record = allocator.apply(AllocatorConfig(name="expandable", expandable_segments=True, max_split_size_mb=128))
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         assert os.environ[name] == "expandable_segments:True,max_split_size_mb:128"
@@ -19,15 +26,13 @@ def test_allocator_sets_both_names_and_says_it_does_not_apply_without_cuda(monke
 
 
 def test_default_allocator_sets_nothing(monkeypatch):
-    for name in allocator.ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+    unset(monkeypatch, *allocator.ENV_NAMES)
     assert allocator.apply(AllocatorConfig())["env"] == {}
     assert "PYTORCH_ALLOC_CONF" not in os.environ
 
 
 def test_nccl_async_error_handling_uses_the_name_this_torch_reads(monkeypatch):
-    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
-    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    unset(monkeypatch, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ALGO")
     record = nccl.apply(NcclConfig(name="tuned", env={"NCCL_ALGO": "RING"}, async_error_handling=1))
     assert os.environ["NCCL_ALGO"] == "RING"
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"   # torch >= 2.2

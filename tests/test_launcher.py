@@ -1,6 +1,4 @@
 """launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing."""
-import sys
-
 from conftest import run_cli
 
 
@@ -22,4 +20,10 @@ def test_slurm_missing_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "sbatch not found" in result.stderr and not (tmp_path / "run").exists()
-    assert sys.executable
+
+
+def test_the_dry_run_needs_no_slurm_installed(tmp_path):
+    result = run_cli(["launcher=slurm", "launcher.dry_run=true", "parallel=ddp", f"hydra.run.dir={tmp_path}"],
+                     env={"PATH": "/nonexistent"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "#SBATCH --nodes=8" in (tmp_path / "sbatch.sh").read_text()

@@ -41,13 +41,15 @@ def test_tiny_flops_by_hand():
     n = 2 * (64 * 16 * (2 * 4 + 2 * 2) + 3 * 64 * 192)   # = 2 * (12288 + 36864) = 98304
     assert F.block_matmul_params(cfg) == n == 98304
     seq = 64
-    per_token = F.flops_per_token(cfg, seq)
+    per_token = F.training_flops(cfg, 1, seq)
     assert per_token.model == 6 * 98304 + 6 * 64 * 256 + 12 * 2 * 64 * 64 == 786432
     assert per_token.hardware == per_token.model
-    ckpt = F.flops_per_token(ModelConfig(activation_checkpointing=True), seq)
+    ckpt = F.training_flops(ModelConfig(activation_checkpointing=True), 1, seq)
     assert ckpt.model == 786432                            # MFU never counts the recompute
     # + a recomputed forward of each block (the article's 8N) less w2 (2 x 64 x 192 per layer), not redone
     assert ckpt.hardware == 786432 + 2 * (98304 - 2 * 64 * 192) + 4 * 2 * 64 * 64 == 966656
+    # the article's 8N rule for this shape (C1's "expected here"): every block's forward redone, w2 too
+    assert F.full_recompute_flops(cfg, 1, seq) == 786432 + 2 * 98304 + 4 * 2 * 64 * 64 == 1015808
 
 
 def test_mfu_and_hfu_on_hand_checked_numbers():
@@ -61,7 +63,7 @@ def test_peak_table_and_unknown_devices():
     assert F.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
     assert F.datasheet_peak("NVIDIA H100 PCIe", "bf16") == 756e12
     assert F.datasheet_peak("NVIDIA H200", "fp8") == 1979e12
-    assert F.datasheet_peak("NVIDIA A100-SXM4-80GB", "fp16") == 312e12
+    assert F.datasheet_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
     assert F.datasheet_peak("NVIDIA B200", "bf16") == 2250e12
     with pytest.warns(UserWarning, match="no datasheet peak"):
         assert F.datasheet_peak("NVIDIA GeForce RTX 4090", "bf16") is None   # never another device's peak
@@ -75,6 +77,46 @@ def test_fragmentation_from_hand_made_stats():
     tight = {"active_bytes.all.peak": 979, "reserved_bytes.all.peak": 1000, "inactive_split_bytes.all.peak": 0}
     assert fragmentation(tight)["fragmentation"] == pytest.approx(0.021)
     assert fragmentation({}) == {"fragmentation": None, "inactive_split_frac": None}
+
+
+def test_mfu_above_one_is_removed_and_kept_with_its_reason():
+    from ablate.metrics.meter import invalid_utilizations
+
+    figures = {"mfu": 3.46, "hfu": 3.5, "mfu_vs_measured_peak": 0.4, "mfu_vs_datasheet_peak": None}
+    invalid = invalid_utilizations(figures, "measured")
+    assert figures["mfu"] is None and figures["hfu"] is None and figures["mfu_vs_measured_peak"] == 0.4
+    assert invalid["mfu"]["value"] == 3.46 and "impossible" in invalid["mfu"]["reason"]
+
+
+def test_the_peak_cache_is_shared_and_says_when(tmp_path):
+    from ablate.metrics.peak import measured_peak
+
+    cache = str(tmp_path / "peak.json")
+    first = measured_peak(torch.device("cpu"), "cpu", torch.float32, 64, cache)
+    second = measured_peak(torch.device("cpu"), "cpu", torch.float32, 64, cache)
+    assert not first["reused"] and second["reused"] and second["flops"] == first["flops"]
+    assert first["measured_at"] and "64x64x64 float32" in first["how"]
+    other = measured_peak(torch.device("cpu"), "cpu", torch.bfloat16, 64, cache)
+    assert not other["reused"]          # another dtype is another peak
+
+
+def test_the_deepspeed_loss_scale_is_read_from_deepspeeds_own_scaler():
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    from ablate.config import PrecisionConfig
+    from ablate.parallel.zero import deepspeed_loss_scale, fp16_section
+
+    section = fp16_section(PrecisionConfig(name="fp16", init_scale=1024.0, growth_interval=7))
+    assert section["initial_scale_power"] == 10 and section["loss_scale_window"] == 7
+    scaler = DynamicLossScaler(init_scale=2 ** section["initial_scale_power"],
+                               scale_window=section["loss_scale_window"], min_scale=section["min_loss_scale"],
+                               delayed_shift=section["hysteresis"], consecutive_hysteresis=False)
+    optimizer = SimpleNamespace(loss_scaler=scaler)      # where ZeRO's optimizers keep DeepSpeed's scaler
+    assert deepspeed_loss_scale(optimizer) == 1024.0
+    scaler.update_scale(True)                            # an overflow: DeepSpeed halves the scale
+    assert deepspeed_loss_scale(optimizer) == 512.0
 
 
 def test_gemm_probe_measures_something():

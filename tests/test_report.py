@@ -1,5 +1,6 @@
-"""The report: pairing baseline/treatment runs, effects and verdicts (hand-made summaries), and a real
-2-point sweep end to end into report.md / report.csv / PNG."""
+"""The report: repeats grouped (never dropped), unfinished runs named, verdicts with intervals, ad-hoc
+comparisons, hardware refusal, and what the plots contain (read from the data written beside them);
+then real sweeps end to end, through ablate.sweeps and through Hydra's -m."""
 import csv
 import json
 from pathlib import Path
@@ -12,73 +13,154 @@ from conftest import run_cli
 
 SWEEP = {"name": "c3_no_sync", "claim": "C3", "technique": "DDP deferred reduction", "knob": "parallel.no_sync",
          "baseline": False, "treatment": True, "claimed_text": "87.5% less traffic",
-         "checks": [{"metric": "comm_bytes_per_step", "effect": "reduction", "claimed": 0.875, "tolerance": 0.001},
+         "checks": [{"metric": "comm_bytes_per_step", "effect": "reduction", "claimed": 0.875, "tolerance": 0.001,
+                     "exact": True, "better": "equal"},
                     {"metric": "tokens_per_s", "effect": "ratio", "claimed": 2.2, "tolerance": 0.15},
                     {"metric": "fragmentation", "effect": "value_treatment", "claimed": 0.021, "gpu_only": True}]}
+CPU = {"cpu_model": "Test CPU", "cpu_cores": 2}
 
 
-def fake_run(root: Path, name: str, no_sync: bool, **summary) -> Path:
+def fake_run(root: Path, name: str, config: dict, sweep=None, provenance=CPU, **summary) -> Path:
     d = root / name
     d.mkdir(parents=True)
-    base = {"sweep": SWEEP, "device": "cpu", "device_name": "cpu", "world_size": 2,
+    base = {"device": "cpu", "device_name": "cpu", "world_size": 2, "provenance": provenance,
             "notes": {"fragmentation": "no CUDA device"}}
+    if sweep:
+        base["sweep"] = sweep
     (d / "summary.json").write_text(json.dumps({**base, **summary}))
-    (d / "config.yaml").write_text(yaml.safe_dump({"parallel": {"name": "ddp", "no_sync": no_sync}}))
+    (d / "config.yaml").write_text(yaml.safe_dump({**config, **({"sweep": sweep} if sweep else {})}))
     return d
 
 
-def test_pairing_effects_and_verdicts(tmp_path):
-    fake_run(tmp_path, "0_sync", False, comm_bytes_per_step=800.0, tokens_per_s=100.0, fragmentation=None)
-    fake_run(tmp_path, "1_nosync", True, comm_bytes_per_step=100.0, tokens_per_s=150.0, fragmentation=None)
+def c3_run(root, name, no_sync, repeat, seed=0, **summary):
+    sweep = {**SWEEP, "repeat": repeat}
+    return fake_run(root, name, {"parallel": {"name": "ddp", "no_sync": no_sync}, "train": {"seed": seed}},
+                    sweep, **summary)
+
+
+def test_repeats_are_grouped_paired_and_judged_with_an_interval(tmp_path):
+    for r, (b, t) in enumerate([(100.0, 150.0), (100.0, 160.0), (100.0, 140.0)]):
+        c3_run(tmp_path, f"{r}_sync", False, r, comm_bytes_per_step=800.0, tokens_per_s=b, fragmentation=None)
+        c3_run(tmp_path, f"{r}_nosync", True, r, comm_bytes_per_step=100.0, tokens_per_s=t, fragmentation=None)
+    (tmp_path / "9_crashed").mkdir()
+    (tmp_path / "9_crashed" / "config.yaml").write_text("sweep: {}\n")
     built = report.build([tmp_path])
-    arms = built["sweeps"]["c3_no_sync"]["arms"]
-    assert arms["baseline"].path.name == "0_sync" and arms["treatment"].path.name == "1_nosync"
-    by_metric = {c.metric: c for c in built["checks"]}
-    assert by_metric["comm_bytes_per_step"].measured == pytest.approx(0.875)
-    assert by_metric["comm_bytes_per_step"].verdict == "reproduced"
-    assert by_metric["tokens_per_s"].measured == pytest.approx(1.5)
-    assert by_metric["tokens_per_s"].verdict == "not reproduced"
-    assert by_metric["fragmentation"].verdict == "not measurable here"
-    assert "no CUDA device" in by_metric["fragmentation"].reason
+    assert [len(a.runs) for a in built["groups"][0].arms.values()] == [3, 3]
+    by = {c.metric: c for c in built["checks"]}
+    comm, speed, frag = by["comm_bytes_per_step"], by["tokens_per_s"], by["fragmentation"]
+    assert comm.exact and comm.measured == pytest.approx(0.875) and comm.verdict == "reproduced" and comm.n == 3
+    assert speed.n == 3 and speed.measured == pytest.approx(1.5) and speed.ci_high < 2.05
+    assert speed.verdict == "not reproduced"
+    assert frag.verdict == "not measurable here" and "no CUDA device" in frag.reason
+    assert built["unfinished"] == [tmp_path / "9_crashed"]
 
 
-def test_verdict_directions():
-    assert report.verdict({"effect": "ratio"}, 2.2, 3.0) == "reproduced"          # better than claimed
-    assert report.verdict({"effect": "ratio", "tolerance": 0.1}, 2.2, 2.15) == "reproduced"   # absolute tolerance
-    assert report.verdict({"effect": "ratio", "tolerance": 0.1}, 2.2, 2.05) == "not reproduced"
-    assert report.verdict({"effect": "value_treatment", "better": "lower", "tolerance": 0.0}, 0, 1) == "not reproduced"
-    assert report.verdict({"effect": "value_treatment", "better": "lower", "tolerance": 0.0}, 0, 0) == "reproduced"
-    assert report.effect("reduction", 8.0, 1.0) == pytest.approx(0.875)
-    assert report.effect("reduction", None, 1.0) is None
+def test_seeds_swept_inside_a_sweep_become_repeats_not_lost(tmp_path):
+    for seed in (0, 1):   # what `+sweeps=c3_no_sync train.seed=0,1` makes: two runs per arm, no repeat index
+        for no_sync, nbytes in ((False, 800.0), (True, 100.0)):
+            sweep = {k: v for k, v in SWEEP.items()}
+            fake_run(tmp_path, f"{seed}_{no_sync}", {"parallel": {"no_sync": no_sync}, "train": {"seed": seed}},
+                     sweep, comm_bytes_per_step=nbytes, tokens_per_s=100.0)
+    (c,) = [c for c in report.build([tmp_path])["checks"] if c.metric == "comm_bytes_per_step"]
+    assert c.n == 2
 
 
-def test_partition_claims_are_scaled_to_the_world_size(tmp_path):
-    sweep = {**SWEEP, "knob": "parallel.name", "baseline": "ddp", "treatment": "zero3",
-             "checks": [{"metric": "state_bytes_total", "effect": "reduction", "claimed": 0.984, "scale": "partition"}]}
-    for name, par, total in (("a", "ddp", 1600), ("b", "zero3", 800)):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "summary.json").write_text(json.dumps({"sweep": sweep, "world_size": 2, "per_rank": [
-            {"state_bytes": {"params": total // 4, "grads": total // 4, "optimizer": total // 2}}]}))
-        (d / "config.yaml").write_text(yaml.safe_dump({"parallel": {"name": par}}))
+def test_plain_runs_are_compared_by_the_knob_their_configs_differ_in(tmp_path):
+    for i, (prec, speed) in enumerate([("fp32", 100.0), ("bf16", 130.0), ("fp32", 104.0), ("bf16", 128.0)]):
+        fake_run(tmp_path, f"run{i}", {"precision": {"name": prec}, "train": {"seed": i}}, tokens_per_s=speed,
+                 mfu=0.1, mem_peak_bytes=1e6, data_wait_frac=0.01, comm_bytes_per_step=0.0, loss=2.0)
+    built = report.build([tmp_path])
+    (group,) = built["groups"]
+    assert group.sweep["knob"] == "precision.name" and list(group.arms) == ["baseline", "treatment"]
+    speed = next(c for c in built["checks"] if c.metric == "tokens_per_s")
+    assert speed.verdict == "no claim" and speed.n == 2 and speed.measured == pytest.approx((1.3 + 128 / 104) / 2)
+
+
+def test_runs_from_different_hardware_are_not_paired_unless_asked(tmp_path):
+    c3_run(tmp_path, "a", False, 0, comm_bytes_per_step=800.0, tokens_per_s=100.0)
+    c3_run(tmp_path, "b", True, 0, provenance={"cpu_model": "Other CPU", "cpu_cores": 64},
+           comm_bytes_per_step=100.0, tokens_per_s=100.0)
+    comm = next(c for c in report.build([tmp_path])["checks"] if c.metric == "comm_bytes_per_step")
+    assert comm.verdict == "not measurable here" and "different hardware" in comm.reason
+    mixed = next(c for c in report.build([tmp_path], True)["checks"] if c.metric == "comm_bytes_per_step")
+    assert mixed.verdict == "reproduced"
+
+
+def test_an_impossible_mfu_is_never_judged(tmp_path):
+    sweep = {**SWEEP, "checks": [{"metric": "mfu", "effect": "ratio", "claimed": 1.0}]}
+    fake_run(tmp_path, "a", {"parallel": {"no_sync": False}}, sweep, mfu=0.4)
+    fake_run(tmp_path, "b", {"parallel": {"no_sync": True}}, sweep, mfu=None,
+             invalid={"mfu": {"value": 3.46, "reason": "346% > 100% is impossible"}})
     (c,) = report.build([tmp_path])["checks"]
-    assert c.expected_here == 0.5 and c.measured == pytest.approx(0.5) and c.verdict == "reproduced"
+    assert c.verdict == "not measurable here" and "impossible" in c.reason
+
+
+def test_expected_here_for_partitioning_and_what_the_plot_holds(tmp_path):
+    sweep = {"name": "c2_zero3", "claim": "C2", "technique": "ZeRO-3", "knob": "parallel.name", "baseline": "ddp",
+             "treatment": "zero3", "checks": [{"metric": "state_bytes_total", "effect": "reduction", "claimed": 0.984,
+                                               "expected": "partition", "exact": True},
+                                              {"metric": "mem_peak_bytes", "effect": "reduction", "claimed": 0.98,
+                                               "gpu_only": True}]}
+    for r in range(2):
+        for par, total in (("ddp", 1600), ("zero3", 800), ("fsdp2", 800)):
+            fake_run(tmp_path, f"{r}_{par}", {"parallel": {"name": par}}, {**sweep, "repeat": r}, mem_peak_bytes=5e8,
+                     per_rank=[{"state_bytes": {"params": total // 4, "grads": total // 4, "optimizer": total // 2}}])
+    assert report.main([str(tmp_path)]) == 0
+    state = next(c for c in report.build([tmp_path])["checks"] if c.metric == "state_bytes_total")
+    assert state.expected_here == 0.5 and state.measured == pytest.approx(0.5) and state.verdict == "reproduced"
+    panels = json.loads((tmp_path / "c2_zero3.plot.json").read_text())["panels"]
+    state_panel, mem_panel = panels
+    assert [a["label"] for a in state_panel["arms"]] == ["ddp", "zero3", "fsdp2"]      # every arm drawn
+    assert all(a["n"] == 2 and a["ci_low"] is not None for a in state_panel["arms"])    # error bars
+    assert state_panel["claimed_line"] == pytest.approx(1600 * 0.5)   # the claim as the treatment's level
+    assert mem_panel["greyed"] and mem_panel["reason"]                # not measurable: greyed, with why
+    assert (tmp_path / "c2_zero3.png").stat().st_size > 1000
+    md = (tmp_path / "report.md").read_text()
+    assert "−50.0%" in md and "(exact, n=2)" in md and "Noise floor" in md
 
 
 def test_report_of_nothing_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
-    assert "no runs of a sweeps/ file" in capsys.readouterr().err
+    assert "nothing to compare" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_a_real_two_point_sweep_ends_in_a_report(tmp_path):
-    result = run_cli(["+sweeps=c3_no_sync", "logger=none", "train.steps=5", "train.warmup_steps=2",
+def test_sweeps_with_repeats_write_intervals_and_exact_comm(tmp_path):
+    result = subprocess_run(["-m", "ablate.sweeps", "c3_no_sync", "--repeats", "2", "--dir", str(tmp_path), "--",
+                             "logger=none", "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert str(tmp_path / "report.md") in result.stdout
+    rows = {r["metric"]: r for r in csv.DictReader((tmp_path / "report.csv").open())}
+    comm = rows["comm_bytes_per_step"]
+    assert comm["n"] == "2" and comm["exact"] == "True" and float(comm["measured"]) == pytest.approx(0.875)
+    assert comm["verdict"] == "reproduced"
+    speed = rows["tokens_per_s"]
+    assert speed["ci_low"] and speed["ci_high"] and speed["effect_kind"] == "ratio"
+    assert speed["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("c3_no_sync/*/summary.json"))]
+    assert [s["sweep"]["repeat"] for s in summaries] == [0, 0, 1, 1]           # interleaved: A B A B
+    assert len({s["peak_flops_measured"] for s in summaries}) == 1            # one shared peak
+
+
+@pytest.mark.slow
+def test_hydra_multirun_with_a_repeat_axis_interleaves_the_arms(tmp_path):
+    result = run_cli(["+sweeps=aa_noise", "sweep.repeat=0,1", "logger=none", "train.steps=4", "train.warmup_steps=1",
                       "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(list(tmp_path.glob("*/summary.json"))) == 2
+    dirs = sorted(tmp_path.glob("[0-9]*"), key=lambda p: int(p.name.split("_")[0]))
+    order = [json.loads((d / "summary.json").read_text())["sweep"] for d in dirs]
+    assert [(s["repeat"], s["arm"]) for s in order] == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
     assert report.main([str(tmp_path)]) == 0
-    md = (tmp_path / "report.md").read_text()
-    assert "| C3 | comm_bytes_per_step" in md and "0.875 | — | 0.875 | **reproduced**" in md
     rows = list(csv.DictReader((tmp_path / "report.csv").open()))
-    assert {r["metric"] for r in rows} >= {"comm_bytes_per_step", "tokens_per_s"}
-    assert (tmp_path / "c3_no_sync.png").stat().st_size > 1000
+    assert rows and all(r["verdict"] != "reproduced" for r in rows)           # an A/A test claims nothing
+
+
+def subprocess_run(args):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "WANDB_MODE": "offline"})

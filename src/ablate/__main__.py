@@ -1,11 +1,13 @@
 """`python -m ablate [overrides]`: validate -> launch (local ranks or Slurm) -> train on each rank."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import CONF_DIR
@@ -19,7 +21,10 @@ register()
 def hydra_main(cfg: DictConfig):
     from ablate import launcher
 
-    runtime = HydraConfig.get().runtime
+    hydra_cfg = HydraConfig.get()
+    runtime = hydra_cfg.runtime
+    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.get("group") is None:
+        cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
     try:
         typed = validate(cfg)
     except ConfigError as e:
@@ -34,7 +39,8 @@ def hydra_main(cfg: DictConfig):
 
 def main() -> None:
     try:
-        preflight(sys.argv[1:])
+        if not os.environ.pop("ABLATE_PREFLIGHT_DONE", None):   # ablate.sweeps validated the whole grid
+            preflight(sys.argv[1:])
     except ConfigError as e:
         fail(str(e))
     hydra_main()

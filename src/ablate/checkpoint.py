@@ -3,7 +3,9 @@ step boundary, then a requeue; the requeued job resumes with no lost and no repe
 
 A checkpoint is a directory: the strategy's own files (one torch.save for none/ddp, torch.distributed.checkpoint
 shards for FSDP2, DeepSpeed's save_checkpoint for ZeRO) and meta.pt with the GradScaler, the step (which
-fixes the data position: batch i is a pure function of i), RNG states and the W&B run id. It is written
+fixes the data position: batch i is a pure function of i), RNG states and the W&B run id; the loss
+scaler's state is the strategy's (it owns the numerics). Only tensors and plain values are stored, and
+loaded with weights_only=True: a checkpoint never runs code. It is written
 beside the old one and swapped in, so a kill mid-write leaves the previous checkpoint whole.
 """
 from __future__ import annotations
@@ -56,7 +58,7 @@ def save(target: Path, strategy, step: int, wandb_id: Optional[str], is_main: bo
     _barrier()
     strategy.save_checkpoint(tmp)     # collective for sharded strategies: every rank writes its part
     if is_main:
-        torch.save({"step": step, "precision": strategy.precision.state_dict(), "rng": torch.get_rng_state(),
+        torch.save({"step": step, "rng": torch.get_rng_state(),
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                     "wandb_id": wandb_id}, tmp / "meta.pt")
     _barrier()
@@ -70,9 +72,8 @@ def save(target: Path, strategy, step: int, wandb_id: Optional[str], is_main: bo
 
 
 def load(path: Path, strategy) -> Dict:
-    meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
+    meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
     strategy.load_checkpoint(path)
-    strategy.precision.load_state_dict(meta["precision"])
     torch.set_rng_state(meta["rng"])
     if meta.get("cuda_rng") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(meta["cuda_rng"])

@@ -1,20 +1,30 @@
 """Command-line checks before Hydra runs anything: a bad choice, type or value, or a combination this
 machine cannot run, ends in ONE line naming the key and the valid choices, exit code 2, no traceback,
-and no run directory created."""
+and no run directory created.
+
+The valid choices are Hydra's own (its config repository, so `--config-dir` and `hydra.searchpath`
+add choices to any group, sweeps included). Hydra's informational flags (--help, --hydra-help, -sc,
+--info) pass straight through.
+"""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Dict, List, NoReturn
+from contextlib import contextmanager
+from typing import List, NoReturn, Tuple
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
 
-from ablate import CONF_DIR, SWEEPS_DIR
+from ablate import CONF_DIR
 from ablate.config import AblateConfig, ConfigError, register, validate
 
 EXIT_USAGE = 2
+INFO_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
+TAKES_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+               "--experimental-rerun")
 
 
 def fail(message: str) -> NoReturn:
@@ -22,63 +32,67 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
-def group_choices(conf_dir: Path = CONF_DIR) -> Dict[str, List[str]]:
-    """{group: [choice, ...]} from the YAML files under conf/ (the sweep group included)."""
-    out = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in conf_dir.iterdir() if d.is_dir()}
-    out["sweeps"] = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml") if p.stem != "week4")
-    return out
-
-
-def _overrides(argv: List[str]) -> List[str]:
-    """Hydra's positional overrides (flags such as -m, --cfg job, hydra.* settings left out)."""
-    out, skip = [], False
+def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """(positional overrides, --config-dir directories) of a `python -m ablate` command line."""
+    overrides, config_dirs, skip = [], [], None
     for arg in argv:
         if skip:
-            skip = False
-            continue
-        if arg.startswith("-"):
-            skip = arg in ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                           "--config-dir", "-cd", "--experimental-rerun", "--info", "-i") and "=" not in arg
-            continue
-        if not arg.lstrip("+~").startswith("hydra"):
-            out.append(arg)
-    return out
+            (config_dirs if skip == "dir" else []).append(arg)
+            skip = None
+        elif arg.startswith(("--config-dir=", "-cd=")):
+            config_dirs.append(arg.split("=", 1)[1])
+        elif arg in ("--config-dir", "-cd"):
+            skip = "dir"
+        elif arg.startswith("-"):
+            skip = "value" if arg in TAKES_VALUE else None
+        else:
+            overrides.append(arg)
+    return overrides, config_dirs
 
 
-def _check_choices(parsed, choices: Dict[str, List[str]]) -> None:
-    for o in parsed:
-        group = o.key_or_group
-        if group not in choices or o.is_delete():
-            continue
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_string()]
-        for value in values:
-            if value not in choices[group]:
-                raise ConfigError(f"{group}={value}: no such choice for '{group}'; valid choices: "
-                                  f"{', '.join(choices[group])}")
+def _search_path(overrides: List[str], config_dirs: List[str]) -> List[str]:
+    """--config-dir as a hydra.searchpath override, merged with one given on the command line."""
+    given = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
+    rest = [o for o in overrides if o not in given]
+    if not config_dirs:
+        return overrides
+    paths = [f"file://{d}" for d in config_dirs]
+    if given:
+        paths += [p.strip() for p in given[-1].split("=", 1)[1].strip("[]").split(",") if p.strip()]
+    return [f"hydra.searchpath=[{','.join(paths)}]", *rest]
 
 
-def _first_line(e: BaseException) -> str:
-    """Hydra's own message ("Error merging override train.steps=abc") and its cause's first line."""
+@contextmanager
+def hydra_context():
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="ablate"):
+        yield
+
+
+def _one_line(e: BaseException) -> ConfigError:
+    """Hydra's own error as one line; a missing choice names the group and Hydra's valid choices."""
+    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
+        group, _, choice = str(e.missing_cfg_file).rpartition("/")
+        return ConfigError(f"{group}={choice}: no such choice for '{group}'; valid choices: {', '.join(e.options)}")
     lines = [str(x).strip().splitlines()[0] for x in (e, e.__cause__) if x is not None and str(x).strip()]
-    return ": ".join(dict.fromkeys(lines)) or type(e).__name__
+    return ConfigError(": ".join(dict.fromkeys(lines)) or type(e).__name__)
+
+
+def choices(group: str, overrides: List[str] = ()) -> List[str]:
+    """The choices Hydra knows for a group (inside hydra_context; a searchpath override counts)."""
+    if overrides:
+        compose("config", overrides=[o for o in overrides if o.startswith("hydra.searchpath=")])
+    return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
 
 
 def check_hardware(cfg: AblateConfig) -> None:
-    """What this machine cannot run, said before anything starts (Slurm nodes check for themselves)."""
-    if cfg.launcher.name == "slurm":
-        from ablate.slurm import check as check_slurm
+    """What this machine cannot run, said before anything starts (each launcher checks its own)."""
+    from ablate import launcher
 
-        check_slurm(cfg.launcher)
-        return
-    import torch
-
-    from ablate.distributed import device_type
-    from ablate.train import check_runnable
-
-    check_runnable(cfg, torch.device(device_type(cfg.train.device)))
+    launcher.check(cfg)
 
 
-def _sweeper_params(parsed) -> List[str]:
+def sweeper_params(parsed) -> List[str]:
     """A sweeps/ file's own grid (hydra.sweeper.params), less the keys the command line sets itself."""
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     cfg = compose("config", overrides=fixed, return_hydra_config=True)
@@ -87,39 +101,39 @@ def _sweeper_params(parsed) -> List[str]:
     return [f"{k}={v}" for k, v in params.items() if k not in given and f"+{k}" not in given]
 
 
+def grid(overrides: List[str]) -> List[List[str]]:
+    """Every combination a command line (and a sweeps/ file's grid) asks for, as override lists."""
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    parsed = parser.parse_overrides(sweeper_params(parsed) + overrides)
+    return BasicSweeper.split_arguments(parsed, None)[0] if parsed else [[]]
+
+
 def _validate(combo: List[str], hardware: bool) -> None:
     try:
         cfg = compose("config", overrides=list(combo))
-    except Exception as e:
-        raise ConfigError(_first_line(e)) from None
-    try:
         typed = validate(cfg)
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(_first_line(e)) from None
+        raise _one_line(e) from None
     if hardware:
         check_hardware(typed)
 
 
 def preflight(argv: List[str], hardware: bool = True) -> None:
     """Compose every combination the command line (and a sweeps/ file's grid) asks for and validate it,
-    or fail in one line."""
+    or fail in one line. Hydra's --help, --hydra-help, -sc and --info are left to Hydra."""
+    if any(arg.split("=")[0] in INFO_FLAGS for arg in argv):
+        return
     register()
-    overrides = _overrides(argv)
-    parser = OverridesParser.create()
-    try:
-        parsed = parser.parse_overrides(overrides)
-    except Exception as e:
-        raise ConfigError(_first_line(e)) from None
-    choices = group_choices()
-    _check_choices(parsed, choices)
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="ablate"):
+    overrides, config_dirs = split_argv(argv)
+    overrides = [o for o in _search_path(overrides, config_dirs)
+                 if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
+    with hydra_context():
         try:
-            overrides = _sweeper_params(parsed) + overrides
-            parsed = parser.parse_overrides(overrides)
+            combos = grid(overrides)
         except Exception as e:
-            raise ConfigError(_first_line(e)) from None
-        _check_choices(parsed, choices)
-        for combo in BasicSweeper.split_arguments(parsed, None)[0] if parsed else [[]]:
+            raise _one_line(e) from None
+        for combo in combos:
             _validate(combo, hardware)

@@ -6,8 +6,10 @@ A bad value ends in one `ConfigError` line naming the key and the valid choices.
 """
 from __future__ import annotations
 
+import importlib
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -21,6 +23,11 @@ class ConfigError(ValueError):
 def _choice(key: str, value: Any, valid) -> None:
     if value not in valid:
         raise ConfigError(f"{key}={value}: not a valid choice; valid choices: {', '.join(map(str, valid))}")
+
+
+def _registered(group: str):
+    """A group's valid choices, from the one registry that implements them (imported on use)."""
+    return tuple(importlib.import_module(f"ablate.{group}").REGISTRY)
 
 
 def _at_least(key: str, value, low) -> None:
@@ -66,6 +73,8 @@ class TrainConfig:
     grad_accum: int = 1            # micro-steps per optimizer step
     lr: float = 3e-3
     weight_decay: float = 0.1
+    beta1: float = 0.9             # AdamW betas (Llama / nanoGPT values)
+    beta2: float = 0.95
     max_grad_norm: float = 1.0     # 0 disables clipping (the norm is still measured)
     log_every: int = 5
     seed: int = 0
@@ -83,16 +92,16 @@ class TrainConfig:
             _at_least(f"train.{k}", getattr(self, k), 1)
         if self.seq_len_min is not None and not 1 <= self.seq_len_min <= self.seq_len:
             raise ConfigError(f"train.seq_len_min={self.seq_len_min}: must be in [1, train.seq_len={self.seq_len}]")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr={self.lr}: must be > 0")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ConfigError(f"train.lr={self.lr}: must be a finite number > 0")
+        for k in ("beta1", "beta2"):
+            if not 0 <= getattr(self, k) < 1:
+                raise ConfigError(f"train.{k}={getattr(self, k)}: must be in [0, 1)")
         _at_least("train.max_grad_norm", self.max_grad_norm, 0)
         _at_least("train.checkpoint_every", self.checkpoint_every, 0)
         _choice("train.device", self.device, ("auto", "cpu", "cuda"))
         if self.resume is not None and not os.path.exists(self.resume):
             raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
-
-
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 
 
 @dataclass
@@ -106,13 +115,10 @@ class PrecisionConfig:
     fp8_recipe: str = "tensorwise"  # torchao Float8LinearConfig recipe (E4M3 forward, E5M2 gradients)
 
     def __post_init__(self):
-        _choice("precision.name", self.name, PRECISIONS)
+        _choice("precision.name", self.name, _registered("precision"))
         _at_least("precision.growth_interval", self.growth_interval, 1)
         if self.init_scale <= 0:
             raise ConfigError(f"precision.init_scale={self.init_scale}: must be > 0")
-
-
-PARALLELS = ("none", "ddp", "fsdp2", "zero1", "zero2", "zero3")
 
 
 @dataclass
@@ -130,11 +136,7 @@ class ParallelConfig:
     offload_optimizer: bool = False
 
     def __post_init__(self):
-        _choice("parallel.name", self.name, PARALLELS)
-
-    @property
-    def zero_stage(self) -> Optional[int]:
-        return int(self.name[-1]) if self.name.startswith("zero") else None
+        _choice("parallel.name", self.name, _registered("parallel"))
 
 
 @dataclass
@@ -162,6 +164,8 @@ class DataloaderConfig:
     def __post_init__(self):
         _at_least("dataloader.num_workers", self.num_workers, 0)
         _at_least("dataloader.read_latency_ms", self.read_latency_ms, 0)
+        if self.prefetch_factor is not None:
+            _at_least("dataloader.prefetch_factor", self.prefetch_factor, 1)
         if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
             raise ConfigError("dataloader.prefetch_factor/persistent_workers need dataloader.num_workers >= 1")
 
@@ -186,7 +190,7 @@ class LoggerConfig:
     tags: List[str] = field(default_factory=list)
 
     def __post_init__(self):
-        _choice("logger.name", self.name, ("wandb", "none"))
+        _choice("logger.name", self.name, _registered("tracking"))
         _choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
 
 
@@ -213,7 +217,7 @@ class LauncherConfig:
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
 
     def __post_init__(self):
-        _choice("launcher.name", self.name, ("local", "slurm"))
+        _choice("launcher.name", self.name, _registered("launcher"))
         for k in ("nproc_per_node", "nodes", "cpus_per_task"):
             _at_least(f"launcher.{k}", getattr(self, k), 1)
         _at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
@@ -230,6 +234,9 @@ class MetricsConfig:
     gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
     gemm_probe_n: int = 0                # 0: 8192 on CUDA, 1024 on CPU
     nvml_interval_s: float = 0.2
+    # where the measured peak is cached per (host, device, dtype, threads), so every run of a sweep shares
+    # one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
+    peak_cache: Optional[str] = None
 
 
 @dataclass
@@ -254,15 +261,15 @@ class AblateConfig:
                 raise ConfigError(f"train.global_batch_size={t.global_batch_size}: does not split over "
                                   f"{world} ranks x train.grad_accum={t.grad_accum}; use a multiple of {per_step}")
             t.batch_size = t.global_batch_size // per_step
-        if world > 1 and self.parallel.name == "none":
+        from ablate.parallel import REGISTRY as STRATEGIES
+
+        if world > 1 and not STRATEGIES[self.parallel.name].needs_group:
+            several = [c for c, spec in STRATEGIES.items() if spec.needs_group]
             raise ConfigError(f"parallel=none with {world} ranks (launcher nodes x nproc_per_node): one process "
-                              f"only; valid choices for several ranks: {', '.join(PARALLELS[1:])}")
+                              f"only; valid choices for several ranks: {', '.join(several)}")
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
                               f"{self.model.max_seq_len}")
-
-
-GROUPS = ("model", "train", "precision", "parallel", "allocator", "dataloader", "nccl", "logger", "launcher")
 
 
 def register() -> None:
@@ -271,7 +278,35 @@ def register() -> None:
     ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
 
 
+FREE_FORM = {"sweep", "nccl.env", "launcher.additional_parameters"}   # nodes meant for any keys
+
+
+def unknown_keys(node, schema, prefix: str = "") -> List[str]:
+    """Keys in `node` that the dataclass `schema` does not declare (e.g. a `+train.lrr=1` typo)."""
+    defaults = schema()
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if path in FREE_FORM:
+            continue
+        if not hasattr(defaults, str(key)):
+            out.append(path)
+        elif is_dataclass(getattr(defaults, key)) and isinstance(node[key], DictConfig):
+            out += unknown_keys(node[key], type(getattr(defaults, key)), f"{path}.")
+    return out
+
+
 def validate(cfg: DictConfig) -> AblateConfig:
-    """Typed, value-checked config object (runs every `__post_init__`)."""
+    """Typed, value-checked config object (runs every `__post_init__`); keys the schema does not know
+    (added with `+`) are refused in one line."""
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    extra = unknown_keys(plain, AblateConfig)
+    if extra:
+        key = extra[0]
+        group, _, _ = key.rpartition(".")
+        node = AblateConfig()
+        for part in filter(None, group.split(".")):
+            node = getattr(node, part)
+        valid = ", ".join(f.name for f in fields(node))
+        raise ConfigError(f"{key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
     return OmegaConf.to_object(plain)

@@ -15,13 +15,8 @@ from typing import Dict, Optional
 
 import yaml
 
-from ablate import allocator, nccl
+from ablate import environment
 from ablate.config import AblateConfig
-
-
-def apply_environment(cfg: AblateConfig) -> Dict[str, object]:
-    """The allocator and NCCL variables, set before any CUDA call or process group; ranks inherit them."""
-    return {"allocator": allocator.apply(cfg.allocator), "nccl": nccl.apply(cfg.nccl)}
 
 
 def _write_config(run_dir: Path, resolved: Dict) -> None:
@@ -35,18 +30,53 @@ def _already_a_rank() -> bool:
     return "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
 
 
-def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
+def check_local(cfg: AblateConfig) -> None:
+    """What this machine cannot run (precision, strategy), said before any rank starts."""
+    import torch
+
+    from ablate.distributed import device_type
+    from ablate.train import check_runnable
+
+    check_runnable(cfg, torch.device(device_type(cfg.train.device)))
+
+
+def check_slurm(cfg: AblateConfig) -> None:
+    """Slurm nodes check their own hardware; here only the request and the cluster."""
+    from ablate import slurm
+
+    slurm.check(cfg.launcher)
+
+
+def launch_local(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
     from ablate import train
 
-    _write_config(run_dir, resolved)
-    applied = apply_environment(cfg)   # in the submitting process too: the sbatch script exports it
-    if cfg.launcher.name == "slurm" and not _already_a_rank():
-        from ablate import slurm
-
-        return slurm.submit(cfg, resolved, run_dir, choices, applied)
     if cfg.launcher.nproc_per_node > 1 and not _already_a_rank():
         return spawn_local_ranks(cfg, run_dir, resolved, choices, applied)
     return train.run(cfg, run_dir, resolved, choices, applied)
+
+
+def launch_slurm(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
+    from ablate import slurm, train
+
+    if _already_a_rank():   # a task of the job (or srun): train here
+        return train.run(cfg, run_dir, resolved, choices, applied)
+    return slurm.submit(cfg, resolved, run_dir, choices, applied)
+
+
+# launcher=<name> -> (pre-launch check, launch): the one place a launcher choice is decoded
+REGISTRY = {"local": (check_local, launch_local), "slurm": (check_slurm, launch_slurm)}
+
+
+def check(cfg: AblateConfig) -> None:
+    REGISTRY[cfg.launcher.name][0](cfg)
+
+
+def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
+    """Write the run's config, apply the allocator/NCCL environment (in the submitting process too: the
+    sbatch script exports it), then start the ranks where `launcher=` says."""
+    _write_config(run_dir, resolved)
+    applied = environment.apply(cfg)
+    return REGISTRY[cfg.launcher.name][1](cfg, resolved, run_dir, choices, applied)
 
 
 def _rank_entry(cfg, run_dir, resolved, choices, applied):
@@ -88,4 +118,7 @@ def _message(failure) -> str:
 def _root_cause_first(failures):
     """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
     the consequence of a peer going away."""
-    return sorted(failures.items(), key=lambda kv: (kv[1].timestamp, any(c in _message(kv[1]) for c in CONSEQUENCES), kv[0]))
+    def key(kv):
+        return kv[1].timestamp, any(c in _message(kv[1]) for c in CONSEQUENCES), kv[0]
+
+    return sorted(failures.items(), key=key)

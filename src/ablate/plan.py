@@ -13,23 +13,13 @@ GB here = 1e9 bytes, as in the article.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Dict, List
 
-from ablate.config import AblateConfig, ParallelConfig
+from ablate import parallel
+from ablate.config import AblateConfig
+from ablate.parallel.base import Breakdown
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
-
-
-@dataclass
-class Breakdown:
-    params: float
-    grads: float
-    optimizer: float
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer
 
 
 def param_numels(cfg: AblateConfig) -> List[int]:
@@ -49,33 +39,17 @@ def zero_paper(n_params: float, world: int, stage: int) -> Breakdown:
     return Breakdown(shard(2, 3), shard(2, 2), shard(12, 1))
 
 
-def ablate_strategy(numels: List[int], par: ParallelConfig, precision: str, world: int) -> Breakdown:
-    """Per-rank bytes that ablate's strategies really hold (see the module docstring)."""
-    n = float(sum(numels))
-    if par.name in ("none", "ddp"):
-        return Breakdown(4 * n, 4 * n, 8 * n)           # fp32 parameters; autocast casts on the fly
-    if par.name == "fsdp2":
-        return Breakdown(4 * n / world, 4 * n / world, 8 * n / world)
-    w = 4 if precision == "fp32" else 2                  # DeepSpeed keeps the model in the run's dtype
-    master = 4 * n / world
-    if par.name in ("zero1", "zero2"):
-        return Breakdown(w * n, w * n / world, master + 8 * n / world)
-    persistent = sum(k for k in numels if k < par.stage3_param_persistence_threshold)
-    master = 0.0 if precision == "fp32" else master     # fp32: the partition itself is the master copy
-    return Breakdown(w * n / world + w * persistent, w * n / world, master + 8 * n / world)
-
-
 def plan(cfg: AblateConfig) -> Dict[str, object]:
     numels = param_numels(cfg)
     n = sum(numels)
     world = cfg.launcher.world_size
     nominal = NOMINAL_PARAMS.get(cfg.model.name, n)
-    stage = cfg.parallel.zero_stage or (3 if cfg.parallel.name == "fsdp2" else 0)
+    stage = parallel.choice(cfg.parallel.name).shards_like_stage
     return {"model": cfg.model.name, "params": n, "nominal_params": nominal, "world_size": world,
             "parallel": cfg.parallel.name, "precision": cfg.precision.name,
             "article": article(nominal, world), "article_total": 12 * nominal,
             "zero_paper": zero_paper(nominal, world, stage), "zero_paper_total": 16 * nominal,
-            "ablate": ablate_strategy(numels, cfg.parallel, cfg.precision.name, world)}
+            "ablate": parallel.plan_bytes(numels, cfg)}
 
 
 def decimal_bytes(n: float) -> str:
@@ -121,6 +95,11 @@ def main(argv: List[str] = None) -> None:
     from ablate.config import ConfigError, validate
 
     argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        print("usage: python -m ablate.plan [OVERRIDES ...]\n\n" + __doc__.split("\n\n", 1)[0] + "\n\nOverrides are "
+              "those of `python -m ablate`, e.g.: python -m ablate.plan model=70b parallel=zero3 launcher=slurm "
+              "precision=bf16\n\n" + __doc__.split("\n\n", 1)[1])
+        return
     try:
         preflight(argv, hardware=False)   # a plan for any machine: nothing here must run it
         with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="plan"):

@@ -1,36 +1,74 @@
-"""conf/precision -> autocast, the fp16 GradScaler, and fp8 matmuls.
+"""conf/precision -> what each precision choice means, declared once (`REGISTRY`).
 
-- fp32: nothing.
-- bf16: autocast to bfloat16; 8 exponent bits like fp32, so no loss scaling is needed.
-- fp16: autocast to float16 + a dynamic GradScaler (loss x scale; the step is skipped and the scale
-  halved when a gradient overflows; the scale grows after `growth_interval` clean steps).
+One meaning per knob, under every strategy where the engine allows it (README, "Numerics"):
+- fp32: everything in float32.
+- bf16: matmuls in bfloat16 under autocast, parameters and optimizer state in float32 (the parameters
+  are the master weights), gradients float32 and reduced in float32. 8 exponent bits: no loss scaling.
+- fp16: as bf16 with float16, plus dynamic loss scaling (loss x scale; a step whose gradients overflow
+  is skipped and the scale halved; it grows after `growth_interval` clean steps).
 - fp8: torchao's float8 training converts nn.Linear layers (E4M3 forward, E5M2 gradients) under bf16
   autocast. Needs CUDA with compute capability >= 8.9 (Ada, Hopper, Blackwell).
+
+Strategies (parallel/) turn this declaration into action and report what they really did; nothing else
+decodes a precision name.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 import torch
 
 from ablate.config import ConfigError, PrecisionConfig
 
-AUTOCAST_DTYPE = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 FP8_MIN_CAPABILITY = (8, 9)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The declared meaning of one precision choice."""
+    compute_dtype: Optional[torch.dtype]   # autocast dtype; None: no autocast (float32)
+    loss_scaling: bool                     # dynamic loss scaling is part of the recipe
+    fp8_matmuls: bool                      # nn.Linear layers converted to float8 training
+    peak_column: str                       # datasheet column of metrics/flops.py's table
+    probe_dtype: torch.dtype               # dtype of the GEMM probe that measures this machine's peak
+
+    @property
+    def compute_name(self) -> str:
+        name = _dtype_name(self.compute_dtype or torch.float32)
+        return f"float8 matmuls (E4M3 fwd, E5M2 grad), {name} elsewhere" if self.fp8_matmuls else name
+
+
+REGISTRY: Dict[str, Numerics] = {
+    "fp32": Numerics(None, False, False, "fp32", torch.float32),
+    "bf16": Numerics(torch.bfloat16, False, False, "bf16", torch.bfloat16),
+    "fp16": Numerics(torch.float16, True, False, "bf16", torch.float16),     # fp16 tensor-core peak == bf16
+    # the probe runs in bf16: a datasheet fp8 row is needed for a true fp8 peak (see metrics/flops.py)
+    "fp8": Numerics(torch.bfloat16, False, True, "fp8", torch.bfloat16),
+}
+
+
+def numerics(name: str) -> Numerics:
+    return REGISTRY[name]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def check_hardware(cfg: PrecisionConfig, device: torch.device) -> None:
     """One-line refusal, before any work starts, of a precision this machine cannot run."""
-    if cfg.name != "fp8":
+    if not numerics(cfg.name).fp8_matmuls:
         return
+    valid = ", ".join(k for k, v in REGISTRY.items() if not v.fp8_matmuls)
     if device.type != "cuda":
         raise ConfigError("precision=fp8: needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); "
-                          "this run has no CUDA device. Valid here: fp32, bf16, fp16")
+                          f"this run has no CUDA device. Valid here: {valid}")
     cap = torch.cuda.get_device_capability(device)
     if cap < FP8_MIN_CAPABILITY:
         raise ConfigError(f"precision=fp8: needs compute capability >= 8.9, this GPU has {cap[0]}.{cap[1]}. "
-                          "Valid here: fp32, bf16, fp16")
+                          f"Valid here: {valid}")
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
@@ -38,19 +76,14 @@ def check_hardware(cfg: PrecisionConfig, device: torch.device) -> None:
 
 
 class Precision:
-    """What the training step asks of the precision group."""
+    """The torch side of a precision choice: autocast, fp8 conversion and a torch GradScaler.
+    Owned by a strategy (parallel/), which decides whether its engine uses them."""
 
     def __init__(self, cfg: PrecisionConfig, device: torch.device):
-        self.cfg, self.device = cfg, device
-        self.dtype: Optional[torch.dtype] = AUTOCAST_DTYPE[cfg.name]
-        self.scaler: Optional[torch.amp.GradScaler] = None
-        if cfg.name == "fp16":
-            self.scaler = torch.amp.GradScaler(
-                device.type, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
-                backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval)
+        self.cfg, self.device, self.spec = cfg, device, numerics(cfg.name)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.cfg.name == "fp8":
+        if self.spec.fp8_matmuls:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
             config = Float8LinearConfig.from_recipe_name(self.cfg.fp8_recipe)
@@ -59,31 +92,25 @@ class Precision:
         return model
 
     def autocast(self):
-        if self.dtype is None:
+        if self.spec.compute_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+        return torch.autocast(device_type=self.device.type, dtype=self.spec.compute_dtype)
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.scaler.scale(loss) if self.scaler is not None else loss
+    def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """torch's dynamic loss scaler, when the recipe has loss scaling."""
+        if not self.spec.loss_scaling:
+            return None
+        c = self.cfg
+        return torch.amp.GradScaler(self.device.type, init_scale=c.init_scale, growth_factor=c.growth_factor,
+                                    backoff_factor=c.backoff_factor, growth_interval=c.growth_interval)
 
-    def unscale_(self, optimizer) -> None:
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
-
-    def step(self, optimizer) -> None:
-        """Optimizer step; with a scaler, skipped when a gradient is inf/NaN, then the scale updates."""
-        if self.scaler is None:
-            optimizer.step()
-        else:
-            self.scaler.step(optimizer)
-            self.scaler.update()
-
-    def loss_scale(self) -> Optional[float]:
-        return self.scaler.get_scale() if self.scaler is not None else None
-
-    def state_dict(self):
-        return self.scaler.state_dict() if self.scaler is not None else {}
-
-    def load_state_dict(self, state) -> None:
-        if self.scaler is not None and state:
-            self.scaler.load_state_dict(state)
+    def record(self, param_dtype: torch.dtype, master_dtype: torch.dtype, grad_reduce_dtype: Optional[torch.dtype],
+               loss_scaling: str, note: str = "") -> Dict[str, object]:
+        """summary.json's `numerics`: what this run stored, computed and reduced in."""
+        out = {"precision": self.cfg.name, "compute_dtype": self.spec.compute_name,
+               "param_dtype": _dtype_name(param_dtype), "master_dtype": _dtype_name(master_dtype),
+               "grad_reduce_dtype": _dtype_name(grad_reduce_dtype) if grad_reduce_dtype else None,
+               "loss_scaling": loss_scaling}
+        if note:
+            out["note"] = note
+        return out

@@ -1,154 +1,171 @@
-"""`python -m ablate.report DIR [DIR ...]`: claimed vs measured, for every week-4 claim found.
+"""`python -m ablate.report DIR [DIR ...]`: claimed vs measured, with repeats, intervals and verdicts.
 
-Reads each run's summary.json (+ the resolved config.yaml for the swept knob) under the given
-directories, pairs each sweep's baseline and treatment runs, and writes report.md, report.csv and PNG
-plots into the first directory, then prints the table. Verdicts: reproduced / not reproduced /
-not measurable here (with the reason). Never imports the trainer: summaries are the whole interface.
+Reads run directories only (summary.json + config.yaml; runs.py groups them into arms and repeats), and
+writes report.md, report.csv and one PNG (+ its data as JSON) per comparison into the first directory.
+Runs of sweeps/ files are judged against their claims (stats.py states the rule); any other runs are
+compared by the knob(s) their configs differ in, without a claim. Never imports the trainer.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import socket
+import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
-import yaml
+from ablate import runs as R
+from ablate import stats, units
 
-CSV_FIELDS = ("claim", "technique", "metric", "what", "claimed", "expected_here", "measured", "baseline_value",
-              "treatment_value", "verdict", "reason", "hardware", "baseline_run", "treatment_run")
+CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
+              "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
+              "treatment", "baseline_value", "treatment_value", "hardware", "runs")
 BETTER = {"reduction": "higher", "ratio": "higher"}
-
-
-@dataclass
-class Run:
-    path: Path
-    summary: Dict
-    config: Dict
-
-    @property
-    def sweep(self) -> Dict:
-        return self.summary.get("sweep") or self.config.get("sweep") or {}
-
-    def knob(self, dotted: str):
-        node = self.config
-        for part in dotted.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
-
-    def metric(self, name: str):
-        if name == "state_bytes_total":
-            per_rank = [sum(r["state_bytes"].values()) for r in self.summary.get("per_rank", []) if r.get("state_bytes")]
-            return max(per_rank) if per_rank else None
-        return self.summary.get(name)
-
-    @property
-    def on_gpu(self) -> bool:
-        return str(self.summary.get("device", "cpu")).startswith("cuda")
-
-    @property
-    def hardware(self) -> str:
-        return f"{self.summary.get('device_name', '?')} x{self.summary.get('world_size', 1)}"
 
 
 @dataclass
 class Check:
     claim: str
-    technique: str
+    sweep: str
     metric: str
     what: str
-    claimed: float
+    effect_kind: str
+    claimed: Optional[float]
     expected_here: Optional[float]
-    measured: Optional[float]
-    baseline_value: Optional[float]
-    treatment_value: Optional[float]
+    tolerance: float
+    better: str
+    measured: Optional[float]       # median of the per-repeat effects
+    ci_low: Optional[float]
+    ci_high: Optional[float]
+    n: int
+    exact: bool
     verdict: str
     reason: str
+    baseline: str
+    treatment: str
+    baseline_value: Optional[float]   # median over the arm's repeats (raw units; kept even when not measurable)
+    treatment_value: Optional[float]
     hardware: str
-    baseline_run: str
-    treatment_run: str
+    runs: str
 
 
-def find_runs(dirs: List[Path]) -> List[Run]:
-    runs = []
-    for d in dirs:
-        for summary_path in sorted(Path(d).rglob("summary.json")):
-            config_path = summary_path.parent / "config.yaml"
-            config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-            runs.append(Run(summary_path.parent, json.loads(summary_path.read_text()), config or {}))
-    return runs
+def _median(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
-def pair(runs: List[Run]) -> Dict[str, Dict[str, Run]]:
-    """{sweep name: {"baseline": run, "treatment": run, <other knob values>: run}} (latest run wins)."""
-    out: Dict[str, Dict[str, Run]] = {}
-    for run in sorted(runs, key=lambda r: str(r.path)):
-        sweep = run.sweep
-        if not sweep.get("knob"):
-            continue
-        value = run.knob(sweep["knob"])
-        role = ("baseline" if value == sweep["baseline"] else "treatment" if value == sweep["treatment"] else str(value))
-        out.setdefault(sweep["name"], {})[role] = run
-    return out
+# "expected here": what the claim predicts for the runs' own shape and scale, where ablate can compute it
+EXPECTED: Dict[str, Callable] = {
+    # full partitioning leaves 1/world of the replicated state on each rank
+    "partition": lambda b, t: 1 - 1 / t[0].summary.get("world_size", 1),
+    # the article's 8N rule for this model's shape (full recompute of each block; LM head not checkpointed)
+    "full_recompute": lambda b, t: _median(x.metric("flops_per_token_full_recompute") for x in t)
+    / _median(x.metric("flops_per_token") for x in b),
+    # hiding all of the baseline's data wait speeds a step up by 1 / (1 - wait share)
+    "hidden_wait": lambda b, t: 1 / (1 - _median(x.metric("data_wait_frac") for x in b)),
+}
 
 
-def effect(kind: str, baseline, treatment) -> Optional[float]:
-    if kind == "value_treatment":
-        return treatment
-    if kind == "value_baseline":
-        return baseline
-    if baseline is None or treatment is None or not baseline:
+def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok: bool) -> Optional[str]:
+    every = base + treat
+    if not base or not treat:
+        return "baseline or treatment runs missing"
+    hardware = {r.hardware for r in every}
+    if len(hardware) > 1 and not mixed_ok:
+        return f"runs on different hardware ({' vs '.join(sorted(hardware))}): pass --mixed-hardware to pair them"
+    if spec.get("gpu_only") and not every[0].on_gpu:
+        note = (every[0].summary.get("notes") or {}).get(spec["metric"])
+        return note or "a CUDA GPU effect; these runs were on a CPU"
+    for run in every:
+        invalid = (run.summary.get("invalid") or {}).get(spec["metric"])
+        if invalid:
+            return f"invalid in {run.path.name}: {invalid['reason']}"
+    if any(r.metric(spec["metric"]) is None for r in every):
+        missing = next(r for r in every if r.metric(spec["metric"]) is None)
+        return (missing.summary.get("notes") or {}).get(spec["metric"], f"{spec['metric']} was not recorded")
+    return None
+
+
+def check(group: R.Group, spec: Dict, mixed_ok: bool = False) -> Check:
+    sweep, metric, kind = group.sweep, spec["metric"], spec["effect"]
+    base, treat = group.pairs()
+    claimed = None if spec.get("claimed") is None else float(spec["claimed"])
+    tolerance, better = float(spec.get("tolerance", 0.05)), spec.get("better", BETTER.get(kind, "equal"))
+    reason = _not_measurable(spec, base, treat, mixed_ok)
+    expected = est = None
+    if reason is None:
+        if spec.get("expected") in EXPECTED:
+            expected = EXPECTED[spec["expected"]](base, treat)
+        est = stats.estimate(kind, [r.metric(metric) for r in base], [r.metric(metric) for r in treat],
+                             exact=bool(spec.get("exact")))
+        reason = None if est else f"no {kind} of {metric}: the baseline is 0"
+    if est is None:
+        verdict = "not measurable here"
+    else:
+        verdict = stats.verdict(expected if expected is not None else claimed, tolerance, better, est)
+        reason = _reason(spec, est, verdict, claimed, expected)
+    every = base + treat
+    return Check(sweep.get("claim", "—"), group.name, metric, spec.get("what", ""), kind, claimed, expected,
+                 tolerance, better, est.median if est else None, est.ci_low if est else None,
+                 est.ci_high if est else None, est.n if est else len(base), bool(est and est.exact), verdict,
+                 reason or "", str(sweep.get("baseline")), str(sweep.get("treatment")),
+                 _median(r.metric(metric) for r in base), _median(r.metric(metric) for r in treat),
+                 "; ".join(sorted({r.hardware for r in every})), " ".join(str(r.path) for r in every))
+
+
+def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:
+    parts = []
+    if est.n == 1 and not est.exact:
+        parts.append("one run per arm gives no interval: use --repeats")
+    if spec.get("exact") and not est.exact:
+        parts.append("an exact figure that varied between repeats")
+    if expected is not None and claimed is not None and expected != claimed:
+        parts.append(f"judged against {units.effect(est.kind, expected, spec['metric'])} expected here "
+                     f"(claimed {units.effect(est.kind, claimed, spec['metric'])} at the article's scale)")
+    if verdict == "no claim" and est.holds_no_change is not None:
+        parts.append("the interval holds no change" if est.holds_no_change else "the interval excludes no change")
+    if verdict in ("not reproduced", "inconclusive") and spec.get("note"):
+        parts.append(spec["note"])
+    return "; ".join(parts)
+
+
+def noise_floor(groups: List[R.Group], checks: List[Check]) -> Optional[Dict[str, object]]:
+    """tokens/s between identical runs (the A/A sweep), from these runs or the last one cached on this host."""
+    from ablate.metrics.peak import user_cache_dir
+
+    cache = user_cache_dir() / "noise_floor.json"
+    floors = [c for c in checks if c.metric == "tokens_per_s" and c.ci_low is not None
+              and any(g.name == c.sweep and g.sweep.get("noise_floor") for g in groups)]
+    if floors:
+        c = floors[0]
+        floor = {"half_width": max(abs(c.ci_high - 1), abs(1 - c.ci_low)), "n": c.n, "ci_low": c.ci_low,
+                 "ci_high": c.ci_high, "host": socket.gethostname(), "hardware": c.hardware,
+                 "source": c.runs.split()[0]}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(floor, indent=1))
+        return {**floor, "from": "these runs"}
+    try:
+        floor = json.loads(cache.read_text())
+    except (OSError, ValueError):
         return None
-    return 1 - treatment / baseline if kind == "reduction" else treatment / baseline
+    return {**floor, "from": f"cached ({cache})"} if floor.get("host") == socket.gethostname() else None
 
 
-def verdict(spec: Dict, expected: float, measured: Optional[float]) -> str:
-    tol = float(spec.get("tolerance", 0.05))
-    better = spec.get("better", BETTER.get(spec["effect"], "equal"))
-    if better == "higher":
-        ok = measured >= expected - tol
-    elif better == "lower":
-        ok = measured <= expected + tol
-    else:
-        ok = abs(measured - expected) <= tol
-    return "reproduced" if ok else "not reproduced"
-
-
-def check(sweep: Dict, spec: Dict, arms: Dict[str, Run]) -> Check:
-    base, treat = arms.get("baseline"), arms.get("treatment")
-    anyrun = treat or base
-    b = base.metric(spec["metric"]) if base else None
-    t = treat.metric(spec["metric"]) if treat else None
-    claimed = float(spec["claimed"])
-    expected = claimed
-    if spec.get("scale") == "partition" and treat is not None:
-        expected = 1 - 1 / treat.summary.get("world_size", 1)
-    measured = effect(spec["effect"], b, t)
-    reason = ""
-    if base is None or treat is None:
-        result, reason = "not measurable here", "baseline or treatment run missing"
-    elif spec.get("gpu_only") and not anyrun.on_gpu:
-        note = (anyrun.summary.get("notes") or {}).get(spec["metric"])
-        result, reason = "not measurable here", note or "a CUDA GPU effect; these runs were on a CPU"
-    elif measured is None:
-        result = "not measurable here"
-        reason = (anyrun.summary.get("notes") or {}).get(spec["metric"], f"{spec['metric']} was not recorded")
-    else:
-        result = verdict(spec, expected, measured)
-        if result == "not reproduced" and spec.get("note"):
-            reason = spec["note"]
-        if spec.get("scale") == "partition":
-            reason = f"claimed {claimed:.3g} at 64 GPUs; full partitioning predicts 1 - 1/{treat.summary.get('world_size')} here"
-    if result == "not measurable here":
-        measured = None   # a CPU number is not the claimed quantity; the raw values stay in the CSV
-    return Check(sweep["claim"], sweep["technique"], spec["metric"], spec.get("what", ""), claimed,
-                 expected if expected != claimed else None, measured, b, t, result, reason,
-                 anyrun.hardware if anyrun else "", str(base.path) if base else "", str(treat.path) if treat else "")
+def build(dirs: List[Path], mixed_hardware: bool = False) -> Dict[str, object]:
+    runs, unfinished = R.find(dirs)
+    groups = R.group_sweeps(runs)
+    adhoc = R.group_adhoc(runs)
+    groups += [adhoc] if adhoc else []
+    checks = [check(g, spec, mixed_hardware) for g in groups for spec in g.sweep.get("checks", [])]
+    return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks,
+            "noise_floor": noise_floor(groups, checks)}
 
 
 def arithmetic_checks() -> List[str]:
-    """The claims' own arithmetic (week4.md), checked."""
+    """The claims' own arithmetic (docs/week4.md), checked."""
     params = 70e9
     return [f"C2: 840 GB / 70B params = {840e9 / params:.0f} bytes/param (fp32 master + Adam m + v); "
             f"/ 64 GPUs = {840e9 / 64 / 1e9:.1f} GB per GPU",
@@ -159,31 +176,6 @@ def arithmetic_checks() -> List[str]:
             "~7.7N, PyTorch does not redo each block's last matmul)"]
 
 
-def build(dirs: List[Path]) -> Dict[str, object]:
-    runs = find_runs(dirs)
-    paired = pair(runs)
-    checks, sweeps = [], {}
-    for name, arms in sorted(paired.items()):
-        sweep = next(iter(arms.values())).sweep
-        sweeps[name] = {"sweep": sweep, "arms": arms}
-        checks += [check(sweep, spec, arms) for spec in sweep.get("checks", [])]
-    return {"runs": runs, "sweeps": sweeps, "checks": checks}
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, (int, float)):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
-    return str(v)
-
-
-RUN_COLUMNS = ("loss", "tokens_per_s", "mfu", "hfu", "data_wait_frac", "mem_peak_bytes", "fragmentation",
-               "comm_bytes_per_step", "comm_calls_per_step", "nonfinite_steps", "scaler_skipped_steps")
-
-
 def write_csv(path: Path, checks: List[Check]) -> None:
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
@@ -192,92 +184,33 @@ def write_csv(path: Path, checks: List[Check]) -> None:
             writer.writerow(asdict(c))
 
 
-def write_markdown(path: Path, report: Dict, plots: List[str]) -> None:
-    lines = ["# ablate report: week-4 claims, claimed vs measured", ""]
-    lines += ["| claim | metric | claimed | expected here | measured | verdict | hardware | reason |",
-              "|---|---|---|---|---|---|---|---|"]
-    for c in report["checks"]:
-        lines.append(f"| {c.claim} | {c.metric} ({c.what}) | {_fmt(c.claimed)} | {_fmt(c.expected_here)} | "
-                     f"{_fmt(c.measured)} | **{c.verdict}** | {c.hardware} | {c.reason} |")
-    for name, s in report["sweeps"].items():
-        sweep = s["sweep"]
-        lines += ["", f"## {sweep['claim']} — {sweep['technique']} (`{name}`)", "",
-                  f"Claimed: {sweep.get('claimed_text', '')}. Knob: `{sweep['knob']}` "
-                  f"({_fmt(sweep['baseline'])} → {_fmt(sweep['treatment'])}).", "",
-                  "| run | " + " | ".join(RUN_COLUMNS) + " |", "|---" * (len(RUN_COLUMNS) + 1) + "|"]
-        for role, run in s["arms"].items():
-            lines.append(f"| {role} (`{run.path.name}`) | " + " | ".join(_fmt(run.metric(k)) for k in RUN_COLUMNS) + " |")
-    lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in arithmetic_checks()]
-    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def plot(out_dir: Path, report: Dict) -> List[str]:
-    """One PNG per claim: baseline vs treatment value of each checked metric (raw units)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    for name, s in report["sweeps"].items():
-        checks = [c for c in report["checks"] if c.claim == s["sweep"]["claim"]
-                  and c.baseline_value is not None and c.treatment_value is not None]
-        if not checks:
-            continue
-        fig, axes = plt.subplots(1, len(checks), figsize=(3.6 * len(checks), 3.4), squeeze=False)
-        for ax, c in zip(axes[0], checks):
-            ax.bar(["baseline", "treatment"], [c.baseline_value, c.treatment_value], color=["#999999", "#2a7ab0"])
-            ax.set_title(f"{c.metric}\n{c.verdict}", fontsize=9)
-            ax.tick_params(labelsize=8)
-        fig.suptitle(f"{s['sweep']['claim']}: {s['sweep']['technique']}", fontsize=10)
-        fig.tight_layout()
-        filename = f"{name}.png"
-        fig.savefig(out_dir / filename, dpi=110)
-        plt.close(fig)
-        written.append(filename)
-    return written
-
-
-def print_table(report: Dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="week-4 claims: claimed vs measured")
-    for col in ("claim", "metric", "claimed", "expected here", "measured", "verdict", "hardware"):
-        table.add_column(col)
-    colour = {"reproduced": "green", "not reproduced": "red"}
-    for c in report["checks"]:
-        style = colour.get(c.verdict, "yellow")
-        table.add_row(c.claim, c.metric, _fmt(c.claimed), _fmt(c.expected_here), _fmt(c.measured),
-                      f"[{style}]{c.verdict}", c.hardware)
-    Console().print(table)
-    for c in report["checks"]:
-        if c.verdict == "not measurable here":
-            print(f"  {c.claim} {c.metric}: not measurable here: {c.reason}")
-
-
 def main(argv: List[str] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    dirs = [Path(a) for a in argv if not a.startswith("-")]
-    if not dirs:
-        print("usage: python -m ablate.report DIR [DIR ...]  (sweep or run directories)", file=sys.stderr)
-        return 2
-    missing = [d for d in dirs if not d.is_dir()]
+    parser = argparse.ArgumentParser(prog="python -m ablate.report", description=(
+        "Claimed vs measured for runs of sweeps/ files, or a comparison of any runs (the knob is inferred "
+        "from their configs): effects with 95% intervals over repeats and a verdict per check."))
+    parser.add_argument("dirs", nargs="+", type=Path, help="run directories or multirun/sweep directories")
+    parser.add_argument("--out", type=Path, help="where report.md/.csv/PNG go (default: the first directory)")
+    parser.add_argument("--mixed-hardware", action="store_true",
+                        help="pair runs made on different hardware (refused by default)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    missing = [d for d in args.dirs if not d.is_dir()]
     if missing:
         print(f"ablate.report: error: not a directory: {missing[0]}", file=sys.stderr)
         return 2
-    report = build(dirs)
+    report = build(args.dirs, args.mixed_hardware)
     if not report["checks"]:
-        print(f"ablate.report: error: no runs of a sweeps/ file under {', '.join(map(str, dirs))} "
-              "(run e.g. python -m ablate +sweeps=c3_no_sync first)", file=sys.stderr)
+        print(f"ablate.report: error: nothing to compare under {', '.join(map(str, args.dirs))}: no runs of a "
+              "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
+              file=sys.stderr)
         return 2
-    out = dirs[0]
-    plots = plot(out, report)
+    from ablate import report_output
+
+    out = args.out or args.dirs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    path = report_output.write(out, report)
     write_csv(out / "report.csv", report["checks"])
-    write_markdown(out / "report.md", report, plots)
-    print_table(report)
-    print(f"wrote {out / 'report.md'}, {out / 'report.csv'}" + (f" and {len(plots)} PNG" if plots else ""))
+    report_output.print_table(report)
+    print(f"report: {path} (and report.csv, {len(report['groups'])} PNG)")
     return 0
 
 

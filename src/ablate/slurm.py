@@ -21,6 +21,7 @@ import submitit
 from submitit.helpers import Checkpointable
 
 from ablate.config import AblateConfig, ConfigError, LauncherConfig
+from ablate.tracking import uses_wandb
 
 
 def check(lc: LauncherConfig) -> None:
@@ -65,7 +66,22 @@ def executor_parameters(cfg: AblateConfig, name: str, applied_env: Dict) -> Dict
     return params
 
 
+class ScriptOnlyExecutor(submitit.SlurmExecutor):
+    """submitit's own Slurm executor for the dry run: it writes the script where Slurm is not installed
+    (the real one refuses to start without srun)."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 2
+
+
 def make_executor(cfg: AblateConfig, folder: Path, params: Dict[str, object]):
+    if cfg.launcher.dry_run:   # generic names converted as AutoExecutor does; slurm_* passed through
+        executor = ScriptOnlyExecutor(folder / "%j", max_num_timeout=cfg.launcher.max_restarts)
+        generic = {k: v for k, v in params.items() if not k.startswith("slurm_")}
+        specific = {k[len("slurm_"):]: v for k, v in params.items() if k.startswith("slurm_")}
+        executor.update_parameters(**executor._convert_parameters(generic), **specific)
+        return executor
     executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm",
                                      slurm_max_num_timeout=cfg.launcher.max_restarts)
     executor.update_parameters(**params)
@@ -73,9 +89,8 @@ def make_executor(cfg: AblateConfig, folder: Path, params: Dict[str, object]):
 
 
 def sbatch_script(executor) -> str:
-    """The script submitit would submit, made by submitit itself, without submitting it."""
-    inner = executor._executor   # SlurmExecutor: its own script writer keeps the dry run == the real job
-    return inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
+    """The script submitit would submit, made by submitit's own writer, without submitting it."""
+    return executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
 
 
 class SlurmTrain(Checkpointable):
@@ -85,9 +100,9 @@ class SlurmTrain(Checkpointable):
         self.cfg, self.resolved, self.run_dir, self.choices = cfg, resolved, run_dir, choices
 
     def __call__(self) -> Optional[Dict]:
-        from ablate import launcher, train
+        from ablate import environment, train
 
-        applied = launcher.apply_environment(self.cfg)
+        applied = environment.apply(self.cfg)
         return train.run(self.cfg, self.run_dir, self.resolved, self.choices, applied)
 
 
@@ -104,7 +119,7 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
         return {"dry_run": str(path)}
     job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
-          + (f", W&B files under {run_dir}/wandb" if cfg.logger.name == "wandb" else ""), flush=True)
+          + (f", W&B files under {run_dir}/wandb" if uses_wandb(cfg.logger) else ""), flush=True)
     if not cfg.launcher.wait:
         return {"job_id": job.job_id, "run_dir": str(run_dir)}
     return wait_for(job)

@@ -1,55 +1,145 @@
-"""`python -m ablate.sweeps week4 | NAME [NAME ...] [-- overrides]`: run sweeps/ files one after another
-into one folder, then `ablate.report` over it. Each sweep is `python -m ablate +sweeps=NAME` (a Hydra
-multirun defined by its file); a failed sweep is reported and the others still run."""
+"""`python -m ablate.sweeps NAME [NAME ...] [--repeats R] [--dir DIR] [-- OVERRIDES]`: run sweeps/ files
+with repeats, interleaved, each run in a fresh process, then the report.
+
+Order: every arm once per block, block after block (A B, A B, ...: drift on a shared machine hits both
+arms alike), or `--order random` (each block shuffled). Each run is `python -m ablate +sweeps=NAME
+<arm> sweep.repeat=K` in its own process (allocator, NCCL and CUDA settings are per process), and every
+run of the call shares one measured peak (metrics.peak_cache), so MFU has one denominator.
+`python -m ablate.sweeps --list` lists the sweeps; `week4` is the whole table (sweeps/week4.yaml).
+"""
 from __future__ import annotations
 
+import argparse
+import os
+import random
+import re
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import yaml
 
 from ablate import SWEEPS_DIR
 
+NOT_A_SWEEP = ("week4",)   # sweeps/ files that list sweeps instead of being one
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((SWEEPS_DIR / f"{name}.yaml").read_text()) or {}
+
+
+def available() -> List[str]:
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
 
 def expand(names: List[str]) -> List[str]:
     out = []
     for name in names:
-        path = SWEEPS_DIR / f"{name}.yaml"
-        if not path.exists():
-            valid = ", ".join(sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")))
-            raise SystemExit(f"ablate.sweeps: error: no sweep '{name}'; valid choices: {valid}")
-        data = yaml.safe_load(path.read_text()) or {}
-        out += data["sweeps"] if "sweeps" in data and isinstance(data["sweeps"], list) else [name]
+        if name not in available():
+            raise SystemExit(f"ablate.sweeps: error: no sweep '{name}'; valid choices: {', '.join(available())}")
+        data = load(name)
+        out += data["sweeps"] if isinstance(data.get("sweeps"), list) else [name]
     return out
+
+
+def listing() -> str:
+    rows = []
+    for name in available():
+        data = load(name)
+        if isinstance(data.get("sweeps"), list):
+            rows.append(f"{name:<14} the whole table: {', '.join(data['sweeps'])}")
+            continue
+        s, params = data.get("sweep", {}), (data.get("hydra", {}).get("sweeper", {}).get("params") or {})
+        arms = ", ".join(f"{k}={v}" for k, v in params.items() if k != "sweep.repeat")
+        rows.append(f"{name:<14} {s.get('claim', ''):<3} {s.get('technique', '')}\n{'':<19}claim: "
+                    f"{s.get('claimed_text', '')}\n{'':<19}knob: {s.get('knob')}; arms: {arms}")
+    return "\n".join(rows)
+
+
+def plan_runs(names: List[str], extra: List[str], repeats: int, order: str,
+              seed: int) -> List[Tuple[str, List[str], int]]:
+    """(sweep, overrides, repeat) for every run, in running order; validates every point first."""
+    from ablate.cli import grid, hydra_context, preflight
+    from ablate.config import register
+
+    register()
+    runs = []
+    for name in names:
+        preflight([f"+sweeps={name}", *extra])       # one line and nothing run, on any bad point
+        with hydra_context():
+            combos = [[o for o in c if not o.startswith("sweep.repeat=")] for c in grid([f"+sweeps={name}", *extra])]
+        rng = random.Random(seed)
+        for r in range(repeats):
+            block = list(combos)
+            if order == "random":
+                rng.shuffle(block)
+            runs += [(name, combo, r) for combo in block]
+    return runs
+
+
+def _label(combo: List[str], extra: List[str]) -> str:
+    """The arm: the overrides that are not the sweep itself nor the caller's fixed extras."""
+    return " ".join(o for o in combo if not o.startswith("+sweeps=") and o not in extra) or "default"
+
+
+def run_all(runs, root: Path, extra: List[str], extra_env=None) -> List[str]:
+    failed, started = [], time.monotonic()
+    for i, (name, combo, r) in enumerate(runs, 1):
+        label = _label(combo, extra)
+        arm = re.sub(r"[^A-Za-z0-9.+-]+", "-", label)[:60]
+        run_dir = root / name / f"{i:03d}_r{r}_{arm}"
+        cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
+               f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}"]
+        t0 = time.monotonic()
+        result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(extra_env or {})})
+        took = time.monotonic() - t0
+        eta = (time.monotonic() - started) / i * (len(runs) - i)
+        status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+        print(f"[{i}/{len(runs)}] {name} {label} r{r}: {status} in {took:.0f} s, about {eta:.0f} s left", flush=True)
+        if result.returncode:
+            failed.append(f"{name} {label} r{r}")
+            last = [ln for ln in result.stderr.strip().splitlines() if ln.strip()][-1:]
+            print(f"    {last[0] if last else 'no error output'} (run dir {run_dir})", file=sys.stderr, flush=True)
+    return failed
 
 
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    names, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    if not names:
-        print(__doc__, file=sys.stderr)
+    argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m ablate.sweeps", description=__doc__.split("\n\n")[1],
+                                     epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
+    parser.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
+    parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per arm (default 1: no interval)")
+    parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
+    parser.add_argument("--order", choices=("interleaved", "random"), default="interleaved")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --order random")
+    args = parser.parse_args(argv)
+    if args.list:
+        print(listing())
+        return 0
+    if not args.names or args.repeats < 1:
+        parser.error("give at least one sweep name (see --list) and --repeats >= 1")
+    from ablate.config import ConfigError
+
+    try:
+        runs = plan_runs(expand(args.names), extra, args.repeats, args.order, args.seed)
+    except ConfigError as e:
+        print(f"ablate.sweeps: error: {e}", file=sys.stderr)
         return 2
-    sweeps = expand(names)
-    root = Path("multirun") / f"{'-'.join(names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
-    failed = []
-    for i, name in enumerate(sweeps, 1):
-        print(f"[{i}/{len(sweeps)}] {name} -> {root / name}", flush=True)
-        started = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "ablate", f"+sweeps={name}",
-                                 f"hydra.sweep.dir={root / name}", *extra])
-        print(f"[{i}/{len(sweeps)}] {name}: {'ok' if result.returncode == 0 else 'FAILED'} "
-              f"in {time.monotonic() - started:.0f} s", flush=True)
-        if result.returncode != 0:
-            failed.append(name)
+    root = args.dir or Path("multirun") / f"{'-'.join(args.names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    print(f"{len(runs)} runs ({args.repeats} repeat(s), {args.order}) into {root}", flush=True)
+    failed = run_all(runs, root, extra, {"ABLATE_PREFLIGHT_DONE": "1"})
     from ablate import report
 
     code = report.main([str(root)]) if root.exists() else 2
     if failed:
-        print(f"ablate.sweeps: {len(failed)} sweep(s) failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
+              file=sys.stderr)
     return 1 if failed else code
 
 

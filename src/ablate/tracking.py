@@ -12,15 +12,31 @@ import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
+from urllib.parse import urlparse
 
 from ablate.config import LoggerConfig
 
+# logger=<name> -> whether it writes to W&B besides the local files: the one place the choice is decoded
+REGISTRY = {"wandb": True, "none": False}
+
+
+def uses_wandb(cfg: LoggerConfig) -> bool:
+    return REGISTRY[cfg.name]
+
 
 def _has_wandb_credentials() -> bool:
+    """Logged in the way the installed wandb knows it: an API key in the environment, or a netrc entry for
+    the host wandb is set to talk to (its base_url: WANDB_BASE_URL or its settings, not always api.wandb.ai)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
+        import wandb
+
+        host = urlparse(wandb.Settings().base_url).hostname or "api.wandb.ai"
+    except Exception:
+        host = "api.wandb.ai"
+    try:
+        return netrc.netrc().authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
 
@@ -35,6 +51,29 @@ def tags_from_choices(choices: Dict[str, str]) -> List[str]:
     """`precision:bf16`, `parallel:zero3`, ...: W&B filters and groups by these."""
     return [f"{group}:{choice}" for group, choice in sorted(choices.items())
             if choice and not group.startswith("hydra") and "/" not in group]
+
+
+def _knob_value(config: Dict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
+    """W&B display name, extra tags and group: from the knob's value for a sweep's run (`c3_no_sync
+    parallel.no_sync=true r1`, tags arm:treatment, repeat:1); from the run dir (Hydra's override_dirname)
+    otherwise (Hydra's override_dirname in a multirun; __main__ sets a multirun's group)."""
+    sweep = config.get("sweep") or {}
+    if sweep.get("knob"):
+        value = _knob_value(config, sweep["knob"])
+        arm = ("baseline" if value == sweep.get("baseline") else "treatment" if value == sweep.get("treatment")
+               else str(value))
+        repeat = sweep.get("repeat")
+        name = f"{sweep['name']} {sweep['knob']}={value}" + (f" r{repeat}" if repeat is not None else "")
+        tags = [f"arm:{arm}"] + ([f"repeat:{repeat}"] if repeat is not None else [])
+        return {"name": name, "tags": tags, "group": sweep["name"]}
+    return {"name": run_dir.name, "tags": [], "group": None}
 
 
 def _jsonable(value):
@@ -56,22 +95,25 @@ class Tracker:
         self.cfg, self.run_dir, self.enabled = cfg, run_dir, is_main
         self.notes: Dict[str, str] = {}
         self.wandb = None
+        self.group: Optional[str] = None
         if not is_main:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = open(run_dir / "metrics.jsonl", "a")
-        if cfg.name == "wandb":
+        if uses_wandb(cfg):
             self._start_wandb(resolved_config, choices, wandb_id)
 
     def _start_wandb(self, config: Dict, choices: Dict[str, str], wandb_id: Optional[str]) -> None:
         mode = wandb_mode(self.cfg)
+        ident = run_identity(config, self.run_dir)
+        self.group = self.cfg.group or ident["group"]
         try:
             import wandb
 
             self.wandb = wandb.init(
-                project=self.cfg.project, entity=self.cfg.entity, group=self.cfg.group, job_type=self.cfg.job_type,
-                tags=tags_from_choices(choices) + list(self.cfg.tags), config=config, dir=str(self.run_dir),
-                mode=mode, id=wandb_id, resume="allow" if wandb_id else None,
+                project=self.cfg.project, entity=self.cfg.entity, group=self.group, job_type=self.cfg.job_type,
+                name=ident["name"], tags=tags_from_choices(choices) + ident["tags"] + list(self.cfg.tags),
+                config=config, dir=str(self.run_dir), mode=mode, id=wandb_id, resume="allow" if wandb_id else None,
                 settings=wandb.Settings(console="off", quiet=True, x_disable_stats=True))
             self.wandb.define_metric("step")
             self.wandb.define_metric("*", step_metric="step")
@@ -91,17 +133,28 @@ class Tracker:
         self.jsonl.write(json.dumps(clean) + "\n")
         self.jsonl.flush()
         if self.wandb is not None:
-            self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+            self._guarded("log", lambda: self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))}))
+
+    def _guarded(self, what: str, call) -> None:
+        """W&B is best-effort: a failing call (its helper process gone, say) disables it with one warning;
+        the local files carry on."""
+        try:
+            call()
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            self.notes["wandb"] = f"W&B stopped at {what}: {type(e).__name__}: {first}"
+            print(f"ablate: warning: {self.notes['wandb']}; local files carry on", file=sys.stderr)
+            self.wandb = None
 
     def finish(self, summary: Dict[str, object]) -> None:
         if not self.enabled:
             return
         summary.setdefault("notes", {}).update(self.notes)
         if self.wandb is not None:
-            summary["wandb"] = {"id": self.wandb.id, "mode": wandb_mode(self.cfg),
-                                "dir": str(Path(self.wandb.dir).parent), "url": self.wandb.url}
+            summary["wandb"] = {"id": self.wandb.id, "mode": wandb_mode(self.cfg), "group": self.group,
+                                "name": self.wandb.name, "dir": str(Path(self.wandb.dir).parent), "url": self.wandb.url}
             flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) or v is None}
-            self.wandb.summary.update(flat)
+            self._guarded("summary", lambda: self.wandb.summary.update(flat))
         dump_json(self.run_dir / "summary.json", {k: _jsonable(v) for k, v in summary.items()})
         self.close()
 
@@ -109,5 +162,5 @@ class Tracker:
         if self.enabled and not self.jsonl.closed:
             self.jsonl.close()
         if self.wandb is not None:
-            self.wandb.finish(exit_code=exit_code)
+            self._guarded("finish", lambda: self.wandb.finish(exit_code=exit_code))
             self.wandb = None

@@ -6,14 +6,12 @@ summary. Runs on every rank; rank 0 writes the run directory.
 from __future__ import annotations
 
 import os
-import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, Optional
 
 import torch
 
-from ablate import checkpoint, distributed, parallel
+from ablate import checkpoint, distributed, parallel, provenance
 from ablate import precision as precision_group
 from ablate.config import AblateConfig
 from ablate.console import StepProgress, print_summary
@@ -21,20 +19,6 @@ from ablate.data import DeviceFeeder, build_loader
 from ablate.metrics.meter import Meter
 from ablate.model import build_model, count_params
 from ablate.tracking import Tracker
-
-
-def versions() -> Dict[str, Optional[str]]:
-    import hydra
-    import omegaconf
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "hydra": hydra.__version__,
-           "omegaconf": omegaconf.__version__, "cuda": torch.version.cuda}
-    for name in ("deepspeed", "wandb", "submitit"):   # metadata only: importing deepspeed is slow
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
@@ -46,12 +30,9 @@ def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
 def build(cfg: AblateConfig, env: distributed.DistEnv):
     torch.manual_seed(cfg.train.seed)           # same initial weights on every rank
     model = build_model(cfg.model, env.device)
-    precision = precision_group.Precision(cfg.precision, env.device)
-    model = precision.prepare_model(model)
-    if cfg.train.compile:
-        model = torch.compile(model)
-    strategy = parallel.build(cfg.parallel, model, cfg.train, precision, env.device, env.world_size)
-    return model, strategy
+    params = {"params": count_params(model, non_embedding=False), "params_non_embedding": count_params(model)}
+    strategy = parallel.build(cfg.parallel, cfg.precision, model, cfg.train, env.device, env.world_size)
+    return params, strategy
 
 
 def injected_failure():
@@ -74,7 +55,7 @@ class Loop:
             x, y = next(self.feeder)
             self.meter.clock.begin()
             with strategy.micro_step(last=micro == t.grad_accum - 1):
-                with strategy.precision.autocast():
+                with strategy.autocast():
                     loss = strategy.model(x, y)
                 strategy.backward(loss / t.grad_accum)
             self.meter.clock.end("fwd_bwd")
@@ -126,11 +107,11 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
-    env = distributed.setup(cfg.train.device, need_group=cfg.parallel.name != "none")
+    env = distributed.setup(cfg.train.device, need_group=parallel.choice(cfg.parallel.name).needs_group)
     clean = False
     try:
         check_runnable(cfg, env.device)
-        model, strategy = build(cfg, env)
+        params, strategy = build(cfg, env)
         start_step, wandb_id = 0, None
         resume = resume_point(cfg, run_dir)
         if resume is not None:
@@ -169,9 +150,10 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             summary.update({
                 "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
                 "resumed_from_step": start_step,
-                "params": count_params(model, non_embedding=False), "params_non_embedding": count_params(model),
+                **params, "numerics": strategy.numerics,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, "env": applied_env,
-                "versions": versions(), "device": str(env.device),
+                "versions": provenance.versions(), "provenance": provenance.record(env.device),
+                "device": str(env.device),
                 "notes": {**meter.notes, **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
                 "sweep": resolved.get("sweep") or {},
             })

@@ -38,7 +38,6 @@ PEAK_TFLOPS = {
     # NVIDIA DGX B200 datasheet (2024): 72 PF fp8 sparse training for 8 GPUs -> 2,250 dense bf16 per GPU
     "B200": {"bf16": 2250.0, "fp8": 4500.0},
 }
-DTYPE_KEY = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}  # fp16 peak == bf16 peak
 
 
 def device_family(device_name: str) -> Optional[str]:
@@ -52,12 +51,13 @@ def device_family(device_name: str) -> Optional[str]:
     return None
 
 
-def datasheet_peak(device_name: str, precision: str) -> Optional[float]:
-    """Peak FLOP/s for this device and precision, or None (with a warning) when not in the table."""
+def datasheet_peak(device_name: str, column: str) -> Optional[float]:
+    """Peak FLOP/s for this device in a table column (fp32 | bf16 | fp8: precision.Numerics.peak_column),
+    or None (with a warning) when not in the table."""
     family = device_family(device_name)
-    peak = PEAK_TFLOPS.get(family, {}).get(DTYPE_KEY[precision]) if family else None
+    peak = PEAK_TFLOPS.get(family, {}).get(column) if family else None
     if peak is None:
-        warnings.warn(f"no datasheet peak for {device_name!r} in {precision}: no datasheet MFU "
+        warnings.warn(f"no datasheet peak for {device_name!r} in {column}: no datasheet MFU "
                       "(set metrics.peak_tflops to give one)", stacklevel=2)
         return None
     return peak * 1e12
@@ -91,8 +91,11 @@ def training_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> Flop
     return FlopsPerToken(model=float(model), hardware=float(model + recompute))
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> FlopsPerToken:
-    return training_flops(cfg, 1, seq_len)
+def full_recompute_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> float:
+    """The article's 8N rule applied to this model's shape: training FLOPs plus one more forward of every
+    block (all its matmuls and attention); the LM head is not checkpointed. What C1 "expects here"."""
+    fwd_blocks = 2 * block_matmul_params(cfg) * tokens + 4 * cfg.n_layers * cfg.dim * tokens_x_len
+    return training_flops(cfg, tokens, tokens_x_len).model + fwd_blocks
 
 
 def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Optional[float]) -> Optional[float]:

@@ -16,33 +16,27 @@ from ablate.config import AblateConfig
 from ablate.metrics import flops as F
 from ablate.metrics import memory
 from ablate.metrics.nvml import UtilSampler
+from ablate.metrics.peak import Peak
 from ablate.metrics.timing import PhaseClock, synchronize
 
-PROBE_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+UTILIZATIONS = ("mfu", "hfu", "mfu_vs_measured_peak", "mfu_vs_datasheet_peak")
 
 
-class Peak:
-    """Peak FLOP/s per device: override > datasheet > measured (GEMM probe), each kept for the record."""
-
-    def __init__(self, cfg: AblateConfig, device: torch.device, notes: Dict[str, str]):
-        self.datasheet = self.measured = self.probe_s = None
-        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        if device.type == "cuda":
-            self.datasheet = F.datasheet_peak(self.device_name, cfg.precision.name)
-        if cfg.metrics.gemm_probe:
-            n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
-            self.measured, self.probe_s = F.gemm_probe(device, PROBE_DTYPE[cfg.precision.name], n)
-        override = cfg.metrics.peak_tflops * 1e12 if cfg.metrics.peak_tflops else None
-        self.value, self.source = next(((v, s) for v, s in ((override, "override"), (self.datasheet, "datasheet"),
-                                                           (self.measured, "measured")) if v), (None, None))
-        if self.value is None:
-            notes["mfu"] = f"no peak FLOP/s for {self.device_name}: no datasheet entry, probe off, no override"
-        elif self.source == "measured":
-            notes["mfu"] = (f"MFU is relative to this machine's measured {cfg.precision.name} matmul rate "
-                            f"(GEMM probe), not a datasheet peak: {self.device_name} has none")
+def invalid_utilizations(figures: Dict[str, object], peak_source: Optional[str]) -> Dict[str, Dict[str, object]]:
+    """MFU/HFU above 1.0 cannot happen: such a figure is removed (None) and kept here with the reason."""
+    out = {}
+    for key in UTILIZATIONS:
+        value = figures.get(key)
+        if value is not None and value > 1.0:
+            out[key] = {"value": value, "reason": f"{value:.0%} > 100% is impossible: the peak ({peak_source}) "
+                                                  "is below what the run achieved; the figure is not valid"}
+            figures[key] = None
+    return out
 
 
 class Meter:
+    """The run's figures: called by the loop without host syncs, read at log steps and at the end."""
+
     def __init__(self, cfg: AblateConfig, env, feeder, strategy):
         self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
         device = self.device
@@ -59,10 +53,10 @@ class Meter:
         self.loss_sum = torch.zeros((), device=device)
         self.loss_count = 0
         self.nonfinite = torch.zeros((), dtype=torch.int64, device=device)
-        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.grad_norm = torch.zeros((), device=device)
         self.measuring = False
-        self.totals = dict(time=0.0, steps=0, tokens=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
+        self.invalid: Dict[str, Dict[str, object]] = {}
+        self.totals = dict(time=0.0, steps=0, tokens=0, txl=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
                            fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0)
         self.last: Dict[str, object] = {}
         self.util_samples = []
@@ -78,8 +72,6 @@ class Meter:
 
     def on_step(self, grad_norm: torch.Tensor) -> None:
         self.grad_norm = grad_norm.detach()
-        if self.strategy.precision.scaler is not None:   # the scaler skips exactly the non-finite-grad steps
-            self.skipped += (~torch.isfinite(self.grad_norm)).long()
         if self.measuring:
             self.totals["steps"] += 1
 
@@ -105,8 +97,8 @@ class Meter:
         loss = distributed.mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)
         row: Dict[str, object] = {"step": step, "loss": loss.item(),
                                   "grad_norm": self.grad_norm.item(), "nonfinite_steps": int(self.nonfinite.item()),
-                                  "scaler_skipped_steps": int(self.skipped.item()),
-                                  "loss_scale": self.strategy.precision.loss_scale()}
+                                  "scaler_skipped_steps": self.strategy.skipped_steps(),
+                                  "loss_scale": self.strategy.loss_scale()}
         self.loss_sum.zero_()
         self.loss_count = 0
         mem = memory.interval(self.device)
@@ -126,14 +118,19 @@ class Meter:
         steps = self.totals["steps"] - self._steps0
         wait, copy = self.feeder.wait_s - self._wait0, self.feeder.copy_s - self._copy0
         comm_bytes, comm_calls = (self.strategy.comm.bytes - self._comm0[0], self.strategy.comm.calls - self._comm0[1])
-        for k, v in (("time", elapsed), ("tokens", tokens), ("flops", fl.model), ("hw_flops", fl.hardware),
+        txl = self.feeder.tokens_x_len - self._txl0
+        for k, v in (("time", elapsed), ("tokens", tokens), ("txl", txl), ("flops", fl.model),
+                     ("hw_flops", fl.hardware),
                      ("wait", wait), ("copy", copy), ("fwd_bwd", phases.get("fwd_bwd", 0.0)),
-                     ("optimizer", phases.get("optimizer", 0.0)), ("comm_bytes", comm_bytes), ("comm_calls", comm_calls)):
+                     ("optimizer", phases.get("optimizer", 0.0)), ("comm_bytes", comm_bytes),
+                     ("comm_calls", comm_calls)):
             self.totals[k] += v
         util = self.nvml.take() if self.nvml else None
         if util is not None:
             self.util_samples.append(util)
-        return {**self._rates(elapsed, steps, tokens, fl.model, fl.hardware, wait, copy, phases), "gpu_util": util,
+        rates = self._rates(elapsed, steps, tokens, fl.model, fl.hardware, wait, copy, phases)
+        invalid_utilizations(rates, self.peak.source)
+        return {**rates, "gpu_util": util,
                 "comm_bytes_per_step": comm_bytes / max(steps, 1), "comm_calls_per_step": comm_calls / max(steps, 1)}
 
     def _rates(self, elapsed, steps, tokens, model_flops, hw_flops, wait, copy, phases) -> Dict[str, object]:
@@ -158,18 +155,21 @@ class Meter:
             raise RuntimeError("no measured steps: the run ended inside its warm-up")
         out = self._rates(t["time"], t["steps"], t["tokens"], t["flops"], t["hw_flops"], t["wait"], t["copy"],
                           {"fwd_bwd": t["fwd_bwd"], "optimizer": t["optimizer"]})
+        self.invalid.update(invalid_utilizations(out, self.peak.source))
+        self.notes.update({k: v["reason"] for k, v in self.invalid.items()})
         seq = self.cfg.train.seq_len
         out.update({
             "flops_per_token": t["flops"] / t["tokens"], "hw_flops_per_token": t["hw_flops"] / t["tokens"],
             "flops_per_token_6n": 6 * F.block_matmul_params(self.cfg.model),
-            "peak_flops": self.peak.value, "peak_flops_source": self.peak.source,
-            "peak_flops_datasheet": self.peak.datasheet, "peak_flops_measured": self.peak.measured,
+            "flops_per_token_full_recompute":
+                F.full_recompute_flops(self.cfg.model, t["tokens"], t["txl"]) / t["tokens"],
+            **self.peak.record(), "invalid": self.invalid,
             "device_name": self.peak.device_name, "world_size": self.world_size,
             "gpu_util": sum(self.util_samples) / len(self.util_samples) if self.util_samples else None,
             "comm_bytes_per_step": t["comm_bytes"] / t["steps"],
             "comm_calls_per_step": t["comm_calls"] / t["steps"],
-            "nonfinite_steps": int(self.nonfinite.item()), "scaler_skipped_steps": int(self.skipped.item()),
-            "loss_scale": self.strategy.precision.loss_scale(), "measured_steps": t["steps"],
+            "nonfinite_steps": int(self.nonfinite.item()), "scaler_skipped_steps": self.strategy.skipped_steps(),
+            "loss_scale": self.strategy.loss_scale(), "measured_steps": t["steps"],
             "measured_tokens": t["tokens"], "seq_len": seq,
         })
         out.update(self._memory_summary())

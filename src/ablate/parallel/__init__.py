@@ -1,46 +1,74 @@
-"""conf/parallel -> one small interface, one file per strategy.
+"""conf/parallel -> one interface (base.Strategy), one file per strategy, one registry (`REGISTRY`).
 
-The training step only ever calls: `strategy.model(...)`, `strategy.micro_step(last)` (a context for
-one micro-step), `strategy.backward(loss)` and `strategy.step()` (returns the gradient norm).
-Each strategy also counts its own data-parallel communication (`comm`) and reports the bytes of
-model state this rank holds (`state_bytes()`), so ablations of C2/C3 read measured figures.
+The training step only ever calls the Strategy interface: `autocast()`, `model(x, y)`,
+`micro_step(last)`, `backward(loss)`, `step()`. Each strategy also counts its own data-parallel
+communication (`comm`), reports the bytes of model state this rank holds, declares the numerics it
+runs with, and predicts its per-rank state for `ablate.plan` (`plan_bytes`).
 """
 from __future__ import annotations
 
-from ablate.config import AblateConfig, ConfigError, ParallelConfig, TrainConfig
-from ablate.parallel.base import CommCounter, Strategy
+import importlib
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ablate.config import AblateConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from ablate.parallel.base import Breakdown, CommCounter, Strategy
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a `parallel=` choice is implemented."""
+    module: str                      # src/ablate/parallel/<module>.py
+    cls: str                         # the Strategy subclass in it
+    zero_stage: Optional[int] = None  # DeepSpeed ZeRO stage
+    shards_like_stage: int = 0       # what the ZeRO paper's accounting compares it with (fsdp2 = 3)
+    needs_group: bool = True         # joins a process group even on one process
+
+
+REGISTRY = {
+    "none": Choice("local", "Local", needs_group=False),
+    "ddp": Choice("ddp", "DDP"),
+    "ddp_sync": Choice("ddp", "DDP"),
+    "fsdp2": Choice("fsdp2", "FSDP2", shards_like_stage=3),
+    "zero1": Choice("zero", "Zero", zero_stage=1, shards_like_stage=1),
+    "zero2": Choice("zero", "Zero", zero_stage=2, shards_like_stage=2),
+    "zero3": Choice("zero", "Zero", zero_stage=3, shards_like_stage=3),
+}
+
+
+def choice(name: str) -> Choice:
+    return REGISTRY[name]
+
+
+def strategy_class(name: str) -> type:
+    c = REGISTRY[name]
+    return getattr(importlib.import_module(f"ablate.parallel.{c.module}"), c.cls)
 
 
 def check(cfg: AblateConfig, has_cuda: bool) -> None:
-    """Combinations that cannot run, refused in one line before launch."""
-    name, prec = cfg.parallel.name, cfg.precision.name
-    if name.startswith("zero") and prec == "fp16" and not has_cuda:
-        raise ConfigError(f"parallel={name} with precision=fp16: DeepSpeed refuses fp16 on a CPU; "
-                          "valid here: precision=fp32, bf16")
-    if name.startswith("zero") and prec == "fp8":
-        raise ConfigError(f"parallel={name} with precision=fp8: not supported; valid: fp32, bf16, fp16 "
-                          "(or parallel=none, ddp, fsdp2 with fp8)")
-    if name == "fsdp2" and prec == "fp16":
-        raise ConfigError("parallel=fsdp2 with precision=fp16: the GradScaler does not handle sharded "
-                          "gradients here; valid: precision=fp32, bf16")
+    """Combinations that cannot run, refused in one line before launch (each strategy says its own)."""
+    strategy_class(cfg.parallel.name).check(cfg.parallel, cfg.precision, has_cuda)
 
 
-def build(cfg: ParallelConfig, model, train: TrainConfig, precision, device, world_size: int):
-    if cfg.name == "none":
-        from ablate.parallel.local import Local
+def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: TrainConfig, device,
+          world_size: int) -> Strategy:
+    """The strategy for `parallel=`, owning the numerics of `precision=` (see precision.py).
+    fp8 layers are converted before torch.compile, which comes before the strategy wraps the model."""
+    import torch
 
-        return Local(model, train, precision, device)
-    if cfg.name == "ddp":
-        from ablate.parallel.ddp import DDP
+    from ablate.precision import Precision
 
-        return DDP(model, train, precision, device, no_sync=cfg.no_sync)
-    if cfg.name == "fsdp2":
-        from ablate.parallel.fsdp2 import FSDP2
-
-        return FSDP2(model, train, precision, device, reshard_after_forward=cfg.reshard_after_forward)
-    from ablate.parallel.zero import Zero
-
-    return Zero(model, cfg, train, precision, device, world_size)
+    prec = Precision(precision, device)
+    model = prec.prepare_model(model)
+    if train.compile:
+        model = torch.compile(model)
+    return strategy_class(parallel.name)(model, parallel, train, prec, device, world_size)
 
 
-__all__ = ["build", "check", "Strategy", "CommCounter"]
+def plan_bytes(numels: List[int], cfg: AblateConfig) -> Breakdown:
+    """Per-rank bytes of parameters, gradients and optimizer state this strategy allocates."""
+    return strategy_class(cfg.parallel.name).plan_bytes(numels, cfg.parallel, cfg.precision.name,
+                                                        cfg.launcher.world_size)
+
+
+__all__ = ["REGISTRY", "Breakdown", "Choice", "CommCounter", "Strategy", "build", "check", "choice", "plan_bytes"]

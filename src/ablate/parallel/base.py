@@ -1,16 +1,23 @@
-"""The strategy interface and the pieces every strategy shares (optimizer, clipping, state bytes)."""
+"""The strategy interface every parallel choice implements, and the torch-side base of none/ddp/fsdp2.
+
+A strategy owns the run's numerics: it alone decides whether autocast is on, what the parameters,
+master weights and reduced gradients are stored in, and who scales the loss (`numerics`). The loop,
+the meter and checkpoints ask it; nobody else decodes a precision or strategy name.
+"""
 from __future__ import annotations
 
 import contextlib
 import math
-from pathlib import Path
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Dict, Iterable
+from pathlib import Path
+from typing import Dict, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 
 from ablate.config import TrainConfig
+from ablate.precision import Precision
 
 
 @dataclass
@@ -24,15 +31,28 @@ class CommCounter:
         self.calls += calls
 
 
+@dataclass
+class Breakdown:
+    """Per-rank bytes of model state, as `ablate.plan` predicts it."""
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
 def make_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig):
     """AdamW, decaying matrices only; fused kernel where this torch has one for the device."""
     params = [p for p in params if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": train.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    betas = (train.beta1, train.beta2)
     try:
-        return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95), fused=True)
+        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, fused=True)
     except (RuntimeError, ValueError):
-        return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95), foreach=True)
+        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, foreach=True)
 
 
 def storages(tensors: Iterable[torch.Tensor]) -> Dict[int, int]:
@@ -61,21 +81,91 @@ def optimizer_state_bytes(optimizer) -> int:
                         if isinstance(v, torch.Tensor))
 
 
-class Strategy:
-    """Local training (the `none` strategy) and the base the data-parallel strategies extend."""
+class Strategy(ABC):
+    """What the training loop, the meter and checkpoints ask of a parallel strategy.
 
-    def __init__(self, model, train: TrainConfig, precision, device: torch.device):
-        self.model, self.train, self.precision, self.device = model, train, precision, device
-        self.optimizer = make_adamw(model.parameters(), train)
-        self.comm = CommCounter()
-        self.measured_state: Dict[str, int] = {}
+    Attributes every strategy sets: `model` (called as model(x, y) -> loss), `comm` (its measured
+    data-parallel communication), `measured_state` (state bytes at the last step), `numerics` (what it
+    stores, computes and reduces in: summary.json's `numerics`)."""
+
+    model: torch.nn.Module
+    comm: CommCounter
+    measured_state: Dict[str, int]
+    numerics: Dict[str, object]
+
+    @classmethod
+    def check(cls, parallel, precision, has_cuda: bool) -> None:
+        """Refuse (ConfigError, one line) a combination this strategy cannot run. Default: none."""
+        return
+
+    @classmethod
+    @abstractmethod
+    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+        """Predicted per-rank state bytes for parameters of these sizes (ablate.plan; tests compare)."""
+
+    @abstractmethod
+    def autocast(self):
+        """Context for the forward pass (autocast on or off, as this strategy's numerics say)."""
 
     def micro_step(self, last: bool):
         """Context for one micro-step; `last` is the one whose backward ends the accumulation."""
         return contextlib.nullcontext()
 
+    @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
-        self.precision.scale(loss).backward()
+        """Backward of one micro-step's loss (already divided by grad_accum)."""
+
+    @abstractmethod
+    def step(self, measure_state: bool = False) -> torch.Tensor:
+        """The optimizer step; returns the gradient norm (a device tensor, no host sync).
+        `measure_state` records `state_bytes()` while the gradients still exist."""
+
+    @abstractmethod
+    def loss_scale(self) -> Optional[float]:
+        """The current dynamic loss scale, from whichever engine scales the loss; None without scaling."""
+
+    @abstractmethod
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped so far because gradients overflowed."""
+
+    @abstractmethod
+    def state_bytes(self) -> Dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held by this rank."""
+
+    @abstractmethod
+    def save_checkpoint(self, directory: Path) -> None:
+        """Write model + optimizer (+ loss scaler) state under `directory` (collective where sharded)."""
+
+    @abstractmethod
+    def load_checkpoint(self, directory: Path) -> None:
+        """Restore what save_checkpoint wrote."""
+
+    def close(self) -> None:
+        """Undo what the strategy installed (collective counters). Default: nothing to undo."""
+        return
+
+
+class TorchStrategy(Strategy):
+    """none/ddp/fsdp2: a torch optimizer over float32 parameters, autocast for bf16/fp16/fp8, and torch's
+    GradScaler for fp16. Subclasses wrap the model and say how gradients are reduced."""
+
+    grad_reduce_dtype: Optional[torch.dtype] = torch.float32   # None: no reduction (one process)
+
+    def __init__(self, model, train: TrainConfig, precision: Precision, device: torch.device):
+        self.model, self.train, self.precision, self.device = model, train, precision, device
+        self.optimizer = make_adamw(model.parameters(), train)
+        self.scaler = precision.grad_scaler()
+        self.comm = CommCounter()
+        self.measured_state: Dict[str, int] = {}
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.numerics = precision.record(torch.float32, torch.float32, self.grad_reduce_dtype,
+                                         "torch" if self.scaler else "none")
+
+    def autocast(self):
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip(self) -> torch.Tensor:
         """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow."""
@@ -83,18 +173,27 @@ class Strategy:
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def step(self, measure_state: bool = False) -> torch.Tensor:
-        """Unscale, clip, step, zero the gradients; returns the gradient norm (a device tensor, no sync).
-        `measure_state` records `state_bytes()` while the gradients still exist."""
-        self.precision.unscale_(self.optimizer)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         norm = self.clip()
-        self.precision.step(self.optimizer)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:   # skipped exactly when a gradient is inf/NaN; then the scale updates
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self._skipped += (~torch.isfinite(norm)).long()
         if measure_state:
             self.measured_state = self.state_bytes()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def loss_scale(self) -> Optional[float]:
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    def skipped_steps(self) -> int:
+        return int(self._skipped.item())
+
     def state_bytes(self) -> Dict[str, int]:
-        """Bytes of parameters, gradients and optimizer state held by this rank."""
         params = list(self.model.parameters())
         return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
                 "optimizer": optimizer_state_bytes(self.optimizer)}
@@ -105,15 +204,15 @@ class Strategy:
         return getattr(self.model, "module", self.model)
 
     def save_checkpoint(self, directory: Path) -> None:
-        """Replicated state: rank 0 writes one file."""
+        """Replicated state: rank 0 writes one file of tensors and plain values (loadable weights_only)."""
         if not dist.is_initialized() or dist.get_rank() == 0:
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scaler": self.scaler.state_dict() if self.scaler else {}},
                        directory / "model_optimizer.pt")
 
     def load_checkpoint(self, directory: Path) -> None:
-        state = torch.load(directory / "model_optimizer.pt", map_location=self.device, weights_only=False)
+        state = torch.load(directory / "model_optimizer.pt", map_location=self.device, weights_only=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-
-    def close(self) -> None:
-        pass
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

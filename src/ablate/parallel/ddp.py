@@ -1,5 +1,6 @@
-"""parallel=ddp: DistributedDataParallel. With `no_sync`, the first grad_accum - 1 micro-steps skip
-the all-reduce (`model.no_sync()`), so gradients are reduced once per optimizer step (week-4 C3)."""
+"""parallel=ddp|ddp_sync: DistributedDataParallel. With `no_sync` (ddp), the first grad_accum - 1
+micro-steps skip the all-reduce (`model.no_sync()`), so gradients are reduced once per optimizer step
+(week-4 C3); ddp_sync reduces on every micro-step."""
 from __future__ import annotations
 
 import contextlib
@@ -8,21 +9,28 @@ import inspect
 from torch.nn.parallel import DistributedDataParallel
 
 from ablate.metrics.comm import counting_allreduce_hook
-from ablate.parallel.base import Strategy
+from ablate.parallel.base import Breakdown, TorchStrategy
 
 
-class DDP(Strategy):
-    def __init__(self, model, train, precision, device, no_sync: bool):
+class DDP(TorchStrategy):
+    """Replicated float32 parameters; float32 gradients all-reduced in buckets (counted by a comm hook)."""
+
+    def __init__(self, model, parallel, train, precision, device, world_size: int):
         # buffers (the RoPE tables) are identical on every rank: broadcasting them each forward is waste
         no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
                           inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                       **no_buffer_sync)
         super().__init__(ddp, train, precision, device)
-        self.no_sync = no_sync
+        self.no_sync = parallel.no_sync
         ddp.register_comm_hook(None, counting_allreduce_hook(self.comm))
 
     def micro_step(self, last: bool):
         if self.no_sync and not last:
             return self.model.no_sync()     # accumulate locally; the last micro-step reduces the sum
         return contextlib.nullcontext()
+
+    @classmethod
+    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+        n = float(sum(numels))
+        return Breakdown(4 * n, 4 * n, 8 * n)     # everything replicated

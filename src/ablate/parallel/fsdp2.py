@@ -1,29 +1,45 @@
 """parallel=fsdp2: torch's fully_shard per transformer block plus the root. Parameters, gradients and
 optimizer state are sharded across ranks (DTensor); each block's weights are all-gathered before use
-and its gradients reduce-scattered after backward. The precision group sets the mixed-precision policy."""
+and its gradients reduce-scattered after backward.
+
+Numerics as under every torch strategy: float32 shards (the master weights), bf16/fp16 compute under
+autocast, gradients reduced in float32. FSDP2's own MixedPrecisionPolicy (low-precision all-gathers) is
+deliberately not used, so that precision=bf16 means the same here as under ddp or zero."""
 from __future__ import annotations
 
 import contextlib
-
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 
+from ablate.config import ConfigError
 from ablate.metrics.comm import CollectiveCounter
-from ablate.parallel.base import Strategy
+from ablate.parallel.base import Breakdown, TorchStrategy
 
 
-class FSDP2(Strategy):
-    def __init__(self, model, train, precision, device, reshard_after_forward: bool):
-        policy = MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
+class FSDP2(TorchStrategy):
+    def __init__(self, model, parallel, train, precision, device, world_size: int):
         for block in model.layers:
-            fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, reshard_after_forward=parallel.reshard_after_forward)
+        fully_shard(model, reshard_after_forward=parallel.reshard_after_forward)
         super().__init__(model, train, precision, device)
         self.counter = CollectiveCounter(self.comm).install()
+
+    @classmethod
+    def check(cls, parallel, precision, has_cuda: bool) -> None:
+        from ablate.precision import numerics
+
+        if numerics(precision.name).loss_scaling:
+            raise ConfigError(f"parallel=fsdp2 with precision={precision.name}: torch's GradScaler does not "
+                              "handle sharded gradients here; valid: precision=fp32, bf16")
+
+    @classmethod
+    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+        n = float(sum(numels))
+        return Breakdown(4 * n / world, 4 * n / world, 8 * n / world)
 
     def micro_step(self, last: bool):
         # skip the reduce-scatter on all but the last micro-step (FSDP2's no_sync equivalent)

@@ -1,6 +1,16 @@
 """parallel=none: one process, no communication."""
-from ablate.parallel.base import Strategy
+from ablate.parallel.base import Breakdown, TorchStrategy
 
 
-class Local(Strategy):
-    """Everything the base does; nothing to reduce (comm stays 0)."""
+class Local(TorchStrategy):
+    """Everything the torch base does; nothing to reduce (comm stays 0)."""
+
+    grad_reduce_dtype = None
+
+    def __init__(self, model, parallel, train, precision, device, world_size: int):
+        super().__init__(model, train, precision, device)
+
+    @classmethod
+    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+        n = float(sum(numels))
+        return Breakdown(4 * n, 4 * n, 8 * n)     # fp32 parameters, gradients, Adam m + v

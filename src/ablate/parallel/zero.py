@@ -2,39 +2,65 @@
 
 Stage 1 partitions optimizer states, 2 adds gradients, 3 adds parameters (gathered on use, with
 `overlap_comm` prefetching the next ones while the current layer computes). The DeepSpeed JSON config
-is generated from the Hydra node (`ds_config`), and saved in the run directory.
+is generated from the Hydra nodes (`ds_config`).
+
+Numerics: fp32 and bf16 run DeepSpeed's float32 engine (float32 partitions are the master weights,
+gradients reduced in float32) with bf16 compute under autocast: the same meaning as under ddp/fsdp2.
+fp16 cannot match: it is DeepSpeed's fp16 mode (float16 working weights and reduced gradients, float32
+master partitions, DeepSpeed's dynamic loss scaler fed from the precision node); the run records so.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
-from ablate.config import ParallelConfig, TrainConfig
+from ablate.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig
 from ablate.metrics.comm import CollectiveCounter
-from ablate.parallel.base import CommCounter, make_adamw, optimizer_state_bytes, storages, tensor_bytes
+from ablate.parallel import choice
+from ablate.parallel.base import (
+    Breakdown,
+    CommCounter,
+    Strategy,
+    make_adamw,
+    optimizer_state_bytes,
+    storages,
+    tensor_bytes,
+)
+from ablate.precision import numerics
 
 
-def ds_config(cfg: ParallelConfig, train: TrainConfig, precision: str, world_size: int) -> Dict:
-    zero = {"stage": cfg.zero_stage, "overlap_comm": cfg.overlap_comm,
+def fp16_section(precision: PrecisionConfig) -> Dict:
+    """The precision node's loss-scaler fields as DeepSpeed's fp16 config (dynamic scaling)."""
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": int(math.log2(precision.init_scale)),
+            "loss_scale_window": precision.growth_interval, "hysteresis": 1, "min_loss_scale": 1}
+
+
+def ds_config(cfg: ParallelConfig, train: TrainConfig, precision: PrecisionConfig, world_size: int) -> Dict:
+    stage = choice(cfg.name).zero_stage
+    zero = {"stage": stage, "overlap_comm": cfg.overlap_comm,
             "contiguous_gradients": cfg.contiguous_gradients, "reduce_bucket_size": cfg.reduce_bucket_size,
             "allgather_bucket_size": cfg.allgather_bucket_size}
-    if cfg.zero_stage == 3:
+    if stage == 3:
         zero.update(stage3_prefetch_bucket_size=cfg.stage3_prefetch_bucket_size,
                     stage3_param_persistence_threshold=cfg.stage3_param_persistence_threshold)
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    scaled = numerics(precision.name).loss_scaling
     return {
         "train_micro_batch_size_per_gpu": train.batch_size,
         "gradient_accumulation_steps": train.grad_accum,
         "train_batch_size": train.batch_size * train.grad_accum * world_size,
         "gradient_clipping": train.max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": precision == "bf16"},
-        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 16},
+        "bf16": {"enabled": False},          # bf16 is autocast over the float32 engine (module docstring)
+        "fp16": fp16_section(precision) if scaled else {"enabled": False},
         "zero_allow_untested_optimizer": True,
+        # a torch AdamW with optimizer offload: DeepSpeed 0.19 refuses it unless told not to force its own
+        "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -52,32 +78,79 @@ def _tensors(value):
             yield from _tensors(v)
 
 
-class Zero:
-    """The strategy interface over a DeepSpeed engine (it owns backward, accumulation and the step)."""
+def deepspeed_loss_scale(optimizer) -> Optional[float]:
+    """The current scale of DeepSpeed's loss scaler (ZeRO optimizers keep it as `loss_scaler`)."""
+    scaler = getattr(optimizer, "loss_scaler", None)
+    return float(scaler.cur_scale) if scaler is not None else None
 
-    def __init__(self, model, cfg: ParallelConfig, train: TrainConfig, precision, device, world_size: int):
+
+class Zero(Strategy):
+    """The Strategy interface over a DeepSpeed engine (it owns backward, accumulation and the step)."""
+
+    def __init__(self, model, parallel: ParallelConfig, train: TrainConfig, precision, device, world_size: int):
         self.comm = CommCounter()
         self.counter = CollectiveCounter(self.comm).install()   # before DeepSpeed captures the functions
         if device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")      # said, not guessed: no detection warning
         import deepspeed
 
-        self.train, self.precision, self.device, self.stage = train, precision, device, cfg.zero_stage
-        self.config = ds_config(cfg, train, precision.cfg.name, world_size)
+        self.train, self.precision, self.device = train, precision, device
+        self.config = ds_config(parallel, train, precision.cfg, world_size)
+        self.scaled = precision.spec.loss_scaling
         optimizer = make_adamw(model.parameters(), train)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                 config=self.config)
         self.measured_state: Dict[str, int] = {}
         self._last = True
+        if self.scaled:
+            self.numerics = precision.record(torch.float16, torch.float32, torch.float16, "deepspeed",
+                                             note="DeepSpeed's fp16 mode: fp16 working weights and reduced "
+                                                  "gradients, fp32 master partitions (cannot match the torch "
+                                                  "strategies' fp32 weights)")
+        else:
+            self.numerics = precision.record(torch.float32, torch.float32, torch.float32, "none")
+
+    @classmethod
+    def check(cls, parallel, precision, has_cuda: bool) -> None:
+        spec, name = numerics(precision.name), parallel.name
+        if spec.fp8_matmuls:
+            raise ConfigError(f"parallel={name} with precision=fp8: not supported; valid: fp32, bf16, fp16 "
+                              "(or parallel=none, ddp, fsdp2 with fp8)")
+        if not spec.loss_scaling:
+            return
+        if not has_cuda:
+            raise ConfigError(f"parallel={name} with precision={precision.name}: DeepSpeed refuses fp16 on a "
+                              "CPU; valid here: precision=fp32, bf16")
+        if (precision.growth_factor, precision.backoff_factor) != (2.0, 0.5):
+            raise ConfigError(f"parallel={name}: precision.growth_factor={precision.growth_factor}, "
+                              f"backoff_factor={precision.backoff_factor}: DeepSpeed's loss scaler only grows "
+                              "x2 and backs off /2; valid: 2.0 and 0.5")
+        if math.log2(precision.init_scale) != int(math.log2(precision.init_scale)):
+            raise ConfigError(f"parallel={name}: precision.init_scale={precision.init_scale}: DeepSpeed takes "
+                              "a power of two (initial_scale_power)")
+
+    @classmethod
+    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+        n = float(sum(numels))
+        w = 2 if numerics(precision).loss_scaling else 4   # fp16 working weights, else the fp32 engine
+        master = 4 * n / world                             # DeepSpeed's fp32 partition (stages 1-2: always)
+        if choice(parallel.name).zero_stage in (1, 2):
+            return Breakdown(w * n, w * n / world, master + 8 * n / world)
+        persistent = sum(k for k in numels if k < parallel.stage3_param_persistence_threshold)
+        master = master if w == 2 else 0.0                 # fp32 engine: the partition itself is the master
+        return Breakdown(w * n / world + w * persistent, w * n / world, master + 8 * n / world)
+
+    def autocast(self):
+        return self.precision.autocast()
 
     def micro_step(self, last: bool):
-        self._last = last
         import contextlib
 
+        self._last = last
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
-        # the loop already divided by grad_accum; DeepSpeed must not divide again
+        # the loop already divided by grad_accum; DeepSpeed must not divide again (it scales for fp16)
         self.model.backward(loss, scale_wrt_gas=False)
         if not self._last:
             self.model.step()          # a micro-step: DeepSpeed only accumulates here
@@ -89,8 +162,11 @@ class Zero:
         norm = self.model.get_global_grad_norm()
         return torch.as_tensor(float("nan") if norm is None else float(norm))
 
-    def _base_optimizer(self):
-        return getattr(self.optimizer, "optimizer", self.optimizer)
+    def loss_scale(self) -> Optional[float]:
+        return deepspeed_loss_scale(self.optimizer) if self.scaled else None
+
+    def skipped_steps(self) -> int:
+        return int(self.model.skipped_steps)
 
     def state_bytes(self) -> Dict[str, int]:
         """What this rank holds, by distinct memory buffers: parameters (full ones, ZeRO-3 partitions and
@@ -110,7 +186,7 @@ class Zero:
                 "optimizer": opt}
 
     def save_checkpoint(self, directory: Path) -> None:
-        """DeepSpeed's own format: every rank writes its partition of the ZeRO state."""
+        """DeepSpeed's own format: every rank writes its partition of the ZeRO state (loss scaler included)."""
         self.model.save_checkpoint(str(directory / "deepspeed"), tag="latest", save_latest=False)
 
     def load_checkpoint(self, directory: Path) -> None:

@@ -1,0 +1,99 @@
+"""Peak FLOP/s per device: override > datasheet > measured (a GEMM probe), each kept for the record.
+
+The measured peak is cached per (host, device, dtype, torch threads, probe size) in a JSON file, so every
+run of a sweep divides by the same number: two arms that each probed their own peak on a shared, noisy
+machine could differ 2x in MFU for no reason of their own. `ablate.sweeps` points every run of a sweep at
+<sweep dir>/peak_flops.json (measured once, at the first run); other runs share the user cache
+(ABLATE_CACHE_DIR, else ~/.cache/ablate), re-measured after a day. Each entry says when and how.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from ablate.metrics import flops as F
+
+USER_CACHE_MAX_AGE_S = 24 * 3600
+
+
+def user_cache_dir() -> Path:
+    return Path(os.environ.get("ABLATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "ablate"
+                ).expanduser()
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock beside `path`: ranks starting together measure once; the others wait and read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def measured_peak(device: torch.device, device_name: str, dtype: torch.dtype, n: int,
+                  cache: Optional[str]) -> Dict[str, object]:
+    """{flops, measured_at, how, cache, reused} for this machine, from the cache or a fresh probe."""
+    path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
+    key = f"{socket.gethostname()}|{device_name}|{dtype}|threads={torch.get_num_threads()}|n={n}"
+    with _locked(path):
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            entries = {}
+        entry = entries.get(key)
+        fresh_enough = entry and (cache or time.time() - entry["measured_unix"] < USER_CACHE_MAX_AGE_S)
+        if fresh_enough:
+            return {**entry, "cache": str(path), "reused": True}
+        flops, seconds = F.gemm_probe(device, dtype, n)
+        entry = {"flops": flops, "measured_unix": time.time(),
+                 "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "how": f"median of 10 {n}x{n}x{n} {str(dtype).replace('torch.', '')} matmuls after 3 warm-ups, "
+                        f"{torch.get_num_threads()} torch threads, {seconds:.1f} s", "key": key}
+        entries[key] = entry
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        os.replace(tmp, path)
+        return {**entry, "cache": str(path), "reused": False}
+
+
+class Peak:
+    """The run's peak FLOP/s per device and where it came from (`source`), with every candidate kept."""
+
+    def __init__(self, cfg, device: torch.device, notes: Dict[str, str]):
+        from ablate.precision import numerics
+
+        spec = numerics(cfg.precision.name)
+        self.datasheet = self.measured = None
+        self.probe: Dict[str, object] = {}
+        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        if device.type == "cuda":
+            self.datasheet = F.datasheet_peak(self.device_name, spec.peak_column)
+        if cfg.metrics.gemm_probe:
+            n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
+            self.probe = measured_peak(device, self.device_name, spec.probe_dtype, n, cfg.metrics.peak_cache)
+            self.measured = self.probe["flops"]
+        override = cfg.metrics.peak_tflops * 1e12 if cfg.metrics.peak_tflops else None
+        self.value, self.source = next(((v, s) for v, s in ((override, "override"), (self.datasheet, "datasheet"),
+                                                           (self.measured, "measured")) if v), (None, None))
+        if self.value is None:
+            notes["mfu"] = f"no peak FLOP/s for {self.device_name}: no datasheet entry, probe off, no override"
+        elif self.source == "measured":
+            notes["mfu"] = (f"MFU is relative to this machine's measured {cfg.precision.name} matmul rate "
+                            f"(GEMM probe, {self.probe['measured_at']}), not a datasheet peak: "
+                            f"{self.device_name} has none")
+
+    def record(self) -> Dict[str, object]:
+        return {"peak_flops": self.value, "peak_flops_source": self.source, "peak_flops_datasheet": self.datasheet,
+                "peak_flops_measured": self.measured, "peak_flops_probe": self.probe or None}

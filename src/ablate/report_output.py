@@ -1,0 +1,201 @@
+"""What `ablate.report` shows: report.md (header, verdict table, one section per comparison), one PNG
+per comparison with its data beside it as JSON, and the console table."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+from ablate import stats, units
+from ablate.stats import VERDICTS
+
+THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
+                  "for ratios and reductions). *reproduced*: the whole interval lies on the claimed side of the "
+                  "threshold (target − tolerance for higher-is-better, + tolerance for lower-is-better, ± for "
+                  "equal); *not reproduced*: wholly on the other side; *inconclusive*: it straddles, or n = 1; "
+                  "*not measurable here*: the figure does not exist on this hardware; *no claim*: an effect "
+                  "without a claim (A/A noise, ad-hoc comparisons). The target is the value expected here when "
+                  "ablate can compute one for these runs, else the article's claim. Exact figures need no interval.")
+
+
+def measured_text(c) -> str:
+    if c.measured is None:
+        return "—"
+    text = units.effect(c.effect_kind, c.measured, c.metric)
+    if c.exact:
+        return f"{text} (exact, n={c.n})"
+    if c.ci_low is None:
+        return f"{text} (n={c.n}, no interval)"
+    lo, hi = (units.effect(c.effect_kind, v, c.metric) for v in (c.ci_low, c.ci_high))
+    return f"{text} [{lo}, {hi}] (n={c.n})"
+
+
+def claimed_text(c) -> str:
+    return "no claim" if c.claimed is None else units.effect(c.effect_kind, c.claimed, c.metric)
+
+
+def header(report: Dict) -> List[str]:
+    floor = report["noise_floor"]
+    lines = ["# ablate report: claimed vs measured", ""]
+    if floor:
+        lines.append(f"**Noise floor** (A/A sweep, {floor['from']}): tokens/s differs by up to "
+                     f"±{floor['half_width']:.1%} between identical runs here (95% interval of the ratio "
+                     f"[{floor['ci_low']:.3f}, {floor['ci_high']:.3f}], n={floor['n']}, {floor['hardware']}).")
+    else:
+        lines.append("**Noise floor**: not measured on this host yet: `python -m ablate.sweeps aa_noise --repeats 5`.")
+    hardware = sorted({r.hardware for r in report["runs"]})
+    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", THRESHOLD_RULE, ""]
+    groups = sorted({(r.summary.get("wandb") or {}).get("group") for r in report["runs"]} - {None})
+    if groups:
+        lines += [f"W&B: group(s) {', '.join(f'`{g}`' for g in groups)} (in the project, *Group* by that name; "
+                  "tags `arm:baseline|treatment`, `repeat:N` filter the arms and repeats)", ""]
+    if report["unfinished"]:
+        lines += ["**Runs that did not finish** (no summary.json; not in any figure):", ""]
+        lines += [f"- `{p}`" for p in report["unfinished"]] + [""]
+    return lines
+
+
+def verdict_table(checks) -> List[str]:
+    lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | reason |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        expected = units.effect(c.effect_kind, c.expected_here, c.metric) if c.expected_here is not None else "—"
+        lines.append(f"| {c.claim} | {c.metric}: {c.what} | {claimed_text(c)} | {expected} | {measured_text(c)} | "
+                     f"**{c.verdict}** | {c.hardware} | {c.reason} |")
+    return lines
+
+
+ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "data_wait_frac", "mem_peak_bytes", "comm_bytes_per_step",
+               "nonfinite_steps", "scaler_skipped_steps")
+
+
+def group_section(group, plot: str) -> List[str]:
+    s = group.sweep
+    lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{group.name}`)", "",
+             f"Claimed: {s.get('claimed_text', '')}. Knob: `{s['knob']}`.", "",
+             "| arm | " + " | ".join(ARM_COLUMNS) + " |", "|---" * (len(ARM_COLUMNS) + 1) + "|"]
+    for role, arm in group.arms.items():
+        cells = []
+        for key in ARM_COLUMNS:
+            values = [v for v in arm.values(key) if v is not None]
+            cells.append(units.fmt(key, sorted(values)[len(values) // 2]) if values else "—")
+        lines.append(f"| {role} (`{arm.value}`, n={len(arm.runs)}) | " + " | ".join(cells) + " |")
+    if group.unpaired:
+        lines += ["", "Unpaired repeats (one arm has more runs; drawn, not in the effect): "
+                  + ", ".join(f"`{r.path.name}`" for r in group.unpaired)]
+    return lines + ["", f"![{group.name}]({plot})"]
+
+
+def write(out: Path, report: Dict) -> Path:
+    from ablate.report import arithmetic_checks
+
+    lines = header(report) + verdict_table(report["checks"])
+    for group in report["groups"]:
+        plot = draw(out, group, [c for c in report["checks"] if c.sweep == group.name])
+        lines += group_section(group, plot)
+    lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in arithmetic_checks()]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def panel_data(group, check) -> Dict[str, object]:
+    """One panel: every arm's median and 95% interval, the claimed level, or the reason it is greyed."""
+    arms = []
+    for role, arm in group.arms.items():
+        values = [v for v in arm.values(check.metric) if v is not None]
+        lo, hi = stats.spread(values)
+        arms.append({"role": role, "label": f"{arm.value}", "median": sorted(values)[len(values) // 2] if values
+                     else None, "ci_low": lo, "ci_high": hi, "n": len(values)})
+    target = check.expected_here if check.expected_here is not None else check.claimed
+    base = check.baseline_value
+    line = None
+    if target is not None:   # the claim as a level of the treatment arm
+        line = {"ratio": lambda: base * target if base else None, "reduction": lambda: base * (1 - target)
+                if base else None, "difference": lambda: base + target if base is not None else None
+                }.get(check.effect_kind, lambda: target)()
+    greyed = check.verdict == "not measurable here"
+    return {"metric": check.metric, "effect": check.effect_kind, "arms": arms, "claimed_line": line,
+            "greyed": greyed, "reason": check.reason if greyed else "", "verdict": check.verdict,
+            "measured": measured_text(check), "unit": units.unit(check.metric, base or 1e9)[0]}
+
+
+def draw(out: Path, group, checks) -> str:
+    """One PNG per comparison, one panel per metric (a metric checked twice is drawn once)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels, seen = [], set()
+    for c in checks:
+        if c.metric not in seen:
+            seen.add(c.metric)
+            panels.append(panel_data(group, c))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.6), squeeze=False)
+    for ax, p in zip(axes[0], panels):
+        _draw_panel(ax, p)
+    fig.suptitle(f"{group.sweep.get('claim', '')}: {group.sweep.get('technique', '')}  (knob: {group.sweep['knob']})",
+                 fontsize=9)
+    fig.tight_layout()
+    name = f"{group.name}.png"
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    (out / f"{group.name}.plot.json").write_text(json.dumps({"panels": panels}, indent=1, default=str))
+    return name
+
+
+def _draw_panel(ax, p: Dict) -> None:
+    label, div = units.unit(p["metric"], max((a["median"] or 0 for a in p["arms"]), default=1) or 1)
+    ax.set_title(f"{p['metric']}\n{p['verdict']}: {p['measured']}", fontsize=7.5)
+    if p["greyed"]:
+        ax.set_facecolor("#eeeeee")
+        ax.text(0.5, 0.5, "not measurable here:\n" + _wrap(p["reason"]), ha="center", va="center", fontsize=7,
+                color="#555555", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    xs = range(len(p["arms"]))
+    heights = [(a["median"] or 0) / div for a in p["arms"]]
+    errs = [[max(0.0, ((a["median"] or 0) - (a["ci_low"] if a["ci_low"] is not None else a["median"] or 0)) / div)
+             for a in p["arms"]],
+            [max(0.0, ((a["ci_high"] if a["ci_high"] is not None else a["median"] or 0) - (a["median"] or 0)) / div)
+             for a in p["arms"]]]
+    colours = ["#999999" if a["role"] == "baseline" else "#2a7ab0" if a["role"] == "treatment" else "#7fb27f"
+               for a in p["arms"]]
+    ax.bar(list(xs), heights, yerr=errs, capsize=4, color=colours)
+    for x, h in zip(xs, heights):
+        ax.annotate(f"{units.number(h)}", (x, h), ha="center", va="bottom", fontsize=7)
+    if p["claimed_line"] is not None:
+        ax.axhline(p["claimed_line"] / div, color="#c0392b", linestyle="--", linewidth=1, label="claimed")
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_xticks(list(xs), [f"{a['label']}\n({a['role']}, n={a['n']})" for a in p["arms"]], fontsize=7)
+    ax.set_ylabel(f"{p['metric']} ({label})" if label else p["metric"], fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+
+
+def _wrap(text: str, width: int = 38) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)[:6])
+
+
+def print_table(report: Dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    floor = report["noise_floor"]
+    table = Table(title="claimed vs measured" + (f" (noise floor ±{floor['half_width']:.1%} tok/s, n={floor['n']})"
+                                                 if floor else ""))
+    for col in ("claim", "check", "claimed", "measured [95% CI] (n)", "verdict"):
+        table.add_column(col)
+    colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan")))
+    for c in report["checks"]:
+        table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)), f"[{colour[c.verdict]}]{c.verdict}")
+    Console().print(table)
+    for c in report["checks"]:
+        if c.verdict == "not measurable here":
+            print(f"  {c.claim} {c.metric}: not measurable here: {c.reason}")
+    for p in report["unfinished"]:
+        print(f"  did not finish: {p}")

@@ -1,0 +1,183 @@
+"""Finding runs on disk and grouping them for the report: sweep -> arms (knob values) -> repeats.
+
+Reads only run directories (summary.json, config.yaml): never imports the trainer. Every run found is
+kept: repeats are grouped, never dropped, and a run directory without a summary is listed as unfinished.
+Runs that are not of a sweeps/ file are grouped by what differs in their configs (the knob, inferred).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+
+# keys that never make two runs different arms: repeat axes, bookkeeping, where files go
+NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache", "launcher.folder",
+              "launcher.wait", "launcher.dry_run")
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: Dict
+    config: Dict
+
+    @property
+    def sweep(self) -> Dict:
+        return self.summary.get("sweep") or self.config.get("sweep") or {}
+
+    def knob(self, dotted: str):
+        node = self.config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def metric(self, name: str):
+        if name == "state_bytes_total":
+            per_rank = [sum(r["state_bytes"].values()) for r in self.summary.get("per_rank", [])
+                        if r.get("state_bytes")]
+            return max(per_rank) if per_rank else None
+        return self.summary.get(name)
+
+    @property
+    def repeat(self) -> Optional[int]:
+        return self.sweep.get("repeat")
+
+    @property
+    def on_gpu(self) -> bool:
+        return str(self.summary.get("device", "cpu")).startswith("cuda")
+
+    @property
+    def hardware(self) -> str:
+        """What the figures depend on: the device model and count (provenance when recorded)."""
+        prov = self.summary.get("provenance") or {}
+        device = prov.get("gpu_name") if self.on_gpu else prov.get("cpu_model")
+        device = device or self.summary.get("device_name", "?")
+        cores = f", {prov['cpu_cores']} cores" if not self.on_gpu and prov.get("cpu_cores") else ""
+        return f"{device}{cores} x{self.summary.get('world_size', 1)}"
+
+
+@dataclass
+class Arm:
+    value: object
+    runs: List[Run] = field(default_factory=list)
+
+    def values(self, metric: str) -> List[Optional[float]]:
+        return [r.metric(metric) for r in self.runs]
+
+
+@dataclass
+class Group:
+    """One comparison: a sweep's arms, or the arms of an ad-hoc set of runs."""
+    name: str
+    sweep: Dict                       # the sweeps/ node (knob, baseline, treatment, checks, claim...)
+    arms: Dict[str, Arm]              # role ("baseline", "treatment", or the knob value) -> arm
+
+    def pairs(self) -> Tuple[List[Run], List[Run]]:
+        """Baseline and treatment runs paired by repeat index (order of running when not recorded)."""
+        base, treat = self.arms.get("baseline"), self.arms.get("treatment")
+        if base is None or treat is None:
+            return [], []
+        n = min(len(base.runs), len(treat.runs))
+        return base.runs[:n], treat.runs[:n]
+
+    @property
+    def unpaired(self) -> List[Run]:
+        base, treat = self.pairs()
+        paired = {id(r) for r in base + treat}
+        return [r for arm in self.arms.values() for r in arm.runs
+                if id(r) not in paired and arm in (self.arms.get("baseline"), self.arms.get("treatment"))]
+
+
+def _load(path: Path) -> Dict:
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
+    """(finished runs, run dirs without a summary) under these directories, in path order."""
+    runs, unfinished = [], []
+    for d in dirs:
+        for config_path in sorted(Path(d).rglob("config.yaml")):
+            run_dir = config_path.parent
+            if run_dir.name == ".hydra" or "checkpoint" in run_dir.parts:
+                continue
+            summary_path = run_dir / "summary.json"
+            if summary_path.exists():
+                runs.append(Run(run_dir, json.loads(summary_path.read_text()), _load(config_path)))
+            else:
+                unfinished.append(run_dir)
+    return runs, unfinished
+
+
+def _order(run: Run) -> Tuple:
+    return (run.repeat if run.repeat is not None else 10**9, str(run.path))
+
+
+def group_sweeps(runs: List[Run]) -> List[Group]:
+    """Runs of sweeps/ files: by sweep name, then arm (the knob's value), repeats in repeat order."""
+    by_name: Dict[str, Group] = {}
+    for run in sorted(runs, key=_order):
+        sweep = run.sweep
+        if not sweep.get("knob"):
+            continue
+        value = run.knob(sweep["knob"])
+        role = ("baseline" if value == sweep["baseline"] else "treatment" if value == sweep["treatment"]
+                else str(value))
+        group = by_name.setdefault(sweep["name"], Group(sweep["name"], sweep, {}))
+        group.arms.setdefault(role, Arm(value)).runs.append(run)
+    for group in by_name.values():   # baseline, treatment, then the other arms
+        order = ["baseline", "treatment"] + sorted(k for k in group.arms if k not in ("baseline", "treatment"))
+        group.arms = {k: group.arms[k] for k in order if k in group.arms}
+    return [by_name[k] for k in sorted(by_name)]
+
+
+def flatten(node, prefix: str = "") -> Dict[str, object]:
+    out = {}
+    for key, value in (node or {}).items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def inferred_knobs(runs: List[Run]) -> List[str]:
+    """Config keys whose values differ between these runs (the repeat axes and bookkeeping left out)."""
+    flat = [flatten(r.config) for r in runs]
+    keys = sorted(set().union(*flat)) if flat else []
+    return [k for k in keys if not k.startswith(NOT_A_KNOB) and len({json.dumps(f.get(k)) for f in flat}) > 1]
+
+
+ADHOC_CHECKS = [
+    {"metric": "tokens_per_s", "effect": "ratio", "what": "throughput"},
+    {"metric": "mfu", "effect": "difference", "what": "MFU"},
+    {"metric": "mem_peak_bytes", "effect": "ratio", "what": "peak memory"},
+    {"metric": "data_wait_frac", "effect": "difference", "what": "share of step time waiting for data"},
+    {"metric": "comm_bytes_per_step", "effect": "ratio", "exact": True, "what": "communication bytes per step"},
+    {"metric": "loss", "effect": "difference", "what": "final loss"},
+]
+
+
+def group_adhoc(runs: List[Run]) -> Optional[Group]:
+    """Runs that are not of a sweeps/ file: the knob(s) inferred from their configs; the first run's
+    arm is the baseline, the next distinct one the treatment, any others drawn beside them."""
+    runs = [r for r in runs if not r.sweep.get("knob")]
+    knobs = inferred_knobs(runs)
+    if len(runs) < 2 or not knobs:
+        return None
+    arms: Dict[str, Arm] = {}
+    for run in runs:
+        value = ", ".join(f"{k}={run.knob(k)}" for k in knobs)
+        arms.setdefault(value, Arm(value)).runs.append(run)
+    labels = list(arms)
+    roles = {labels[0]: "baseline", **({labels[1]: "treatment"} if len(labels) > 1 else {})}
+    sweep = {"name": "compare", "claim": "—", "technique": f"ad-hoc comparison of {', '.join(knobs)}",
+             "knob": ", ".join(knobs), "baseline": labels[0], "treatment": labels[1] if len(labels) > 1 else None,
+             "claimed_text": "no claim: effects with intervals only", "checks": ADHOC_CHECKS}
+    return Group("compare", sweep, {roles.get(k, k): arms[k] for k in labels})

@@ -1,0 +1,71 @@
+"""The statistics behind every verdict, on hand-worked numbers (t quantile for 2 d.f.: 4.302653)."""
+import math
+
+import pytest
+
+from ablate import stats
+
+T2 = 4.302653   # Student t, 97.5% quantile, 2 degrees of freedom
+
+
+def ratios(*logs):
+    """Baseline 100 each; treatments whose log-ratios are `logs`."""
+    return [100.0] * len(logs), [100.0 * math.exp(x) for x in logs]
+
+
+def test_t_quantile_is_students():
+    assert stats.t_quantile(3) == pytest.approx(T2, rel=1e-6)
+
+
+def test_an_interval_that_straddles_the_threshold_is_inconclusive():
+    # log-ratios 0.6, 0.7, 0.8: mean 0.7, sd 0.1, half-width 4.302653 * 0.1 / sqrt(3) = 0.248414
+    est = stats.estimate("ratio", *ratios(0.6, 0.7, 0.8))
+    assert est.median == pytest.approx(math.exp(0.7))
+    assert est.ci_low == pytest.approx(math.exp(0.7 - 0.248414), rel=1e-5)    # 1.5708
+    assert est.ci_high == pytest.approx(math.exp(0.7 + 0.248414), rel=1e-5)   # 2.5816
+    assert est.n == 3 and not est.exact
+    # C3's x2.2 with tolerance 0.15: threshold 2.05 lies inside [1.57, 2.58]
+    assert stats.verdict(2.2, 0.15, "higher", est) == "inconclusive"
+
+
+def test_intervals_wholly_on_one_side():
+    above = stats.estimate("ratio", *ratios(0.9, 0.95, 1.0))    # [exp(0.8258), exp(1.0742)] = [2.28, 2.93]
+    assert above.ci_low == pytest.approx(2.2836, rel=1e-4)
+    assert stats.verdict(2.2, 0.15, "higher", above) == "reproduced"
+    below = stats.estimate("ratio", *ratios(0.1, 0.15, 0.2))    # [0.976, 1.316]
+    assert below.ci_high == pytest.approx(1.3155, rel=1e-4)
+    assert stats.verdict(2.2, 0.15, "higher", below) == "not reproduced"
+
+
+def test_a_reduction_is_one_minus_the_ratio_interval():
+    # treatment / baseline = exp(-0.6), exp(-0.7), exp(-0.8): reduction 1 - ratio
+    est = stats.estimate("reduction", *ratios(-0.6, -0.7, -0.8))
+    assert est.median == pytest.approx(1 - math.exp(-0.7))
+    assert est.ci_low == pytest.approx(1 - math.exp(-0.7 + 0.248414), rel=1e-5)
+    assert est.ci_high == pytest.approx(1 - math.exp(-0.7 - 0.248414), rel=1e-5)
+
+
+def test_exact_counts_need_no_interval():
+    est = stats.estimate("reduction", [800, 800, 800], [100, 100, 100], exact=True)
+    assert est.exact and est.ci_low == est.ci_high == pytest.approx(0.875)
+    assert stats.verdict(0.875, 0.001, "equal", est) == "reproduced"
+    assert stats.verdict(0.984, 0.001, "equal", est) == "not reproduced"
+    varied = stats.estimate("reduction", [800, 800], [100, 120], exact=True)
+    assert not varied.exact and varied.ci_low is not None       # said, and given an interval instead
+
+
+def test_levels_and_differences_use_plain_t_intervals():
+    # data wait 0.02, 0.04, 0.06: mean 0.04, sd 0.02, half-width 4.302653 * 0.02 / sqrt(3) = 0.049683
+    est = stats.estimate("value_treatment", [0, 0, 0], [0.02, 0.04, 0.06])
+    assert (est.ci_low, est.ci_high) == pytest.approx((0.04 - 0.049683, 0.04 + 0.049683), rel=1e-4)
+    assert stats.verdict(0.0, 0.05, "lower", est) == "inconclusive"     # 0.0897 > 0.05
+    diff = stats.estimate("difference", [0.1, 0.1], [0.3, 0.5])
+    assert diff.median == pytest.approx(0.3)
+
+
+def test_one_run_per_arm_is_inconclusive_and_no_claim_says_no_change():
+    one = stats.estimate("ratio", [100.0], [300.0])
+    assert one.ci_low is None and stats.verdict(2.2, 0.15, "higher", one) == "inconclusive"
+    aa = stats.estimate("ratio", *ratios(-0.1, 0.05, 0.1))
+    assert stats.verdict(None, 0.05, "higher", aa) == "no claim" and aa.holds_no_change is True
+    assert stats.estimate("ratio", [0.0], [1.0]) is None          # no ratio to a zero baseline
