@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast clean slurm-up slurm-down
+.PHONY: setup run test test-fast lint clean slurm-up slurm-down
 
 setup: $(VENV)/.installed
 
@@ -22,6 +22,9 @@ run: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check src tests bench
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -46,9 +46,10 @@ def bf16_runs(tmp_path_factory):
     return out
 
 
-# bf16 keeps 8 bits of mantissa: summing the same gradients in another order (ranks, buckets, shards)
-# moves the loss by a few 1e-3 over six steps of the tiny model; fp32 agrees to 2e-4
-TOLERANCE = {"fp32": 2e-4, "bf16": 2e-2}
+# Every strategy computes bf16 from the same fp32 master weights, so only the order of summing gradients
+# (ranks, buckets, shards) differs from one process: measured at most 1.4e-5 (zero3) over six steps of
+# the tiny model, 5e-7 for the others; the stated bf16 tolerance is 1e-3, fp32's 2e-4
+TOLERANCE = {"fp32": 2e-4, "bf16": 1e-3}
 # what README's numerics table says every strategy stores and reduces in (zero fp16 is the exception)
 NUMERICS = {"fp32": ("float32", "float32", "float32", "float32", "none"),
             "bf16": ("bfloat16", "float32", "float32", "float32", "none")}

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ablate import units
+
 console = Console(stderr=True)
 
 
@@ -32,7 +34,7 @@ class StepProgress:
             if row.get("tokens_per_s"):
                 text += f"  {row['tokens_per_s']:,.0f} tok/s"
             if row.get("mfu") is not None:
-                text += f"  MFU {row['mfu']:.1%}"
+                text += f"  MFU {units.fmt('mfu', row['mfu'])}"
         if self.bar is not None:
             self.bar.update(self.task, completed=step, description=text or None)
         elif row is not None:
@@ -41,20 +43,6 @@ class StepProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
-
-
-def _fmt(key: str, value) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        if key in ("mfu", "hfu", "data_wait_frac", "fragmentation", "gpu_util", "mfu_vs_measured_peak"):
-            return f"{value:.2%}"
-        if "bytes" in key:
-            return f"{value / 2**20:,.1f} MiB"
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    if isinstance(value, int) and "bytes" in key:
-        return f"{value / 2**20:,.1f} MiB"
-    return str(value)
 
 
 SUMMARY_ROWS = ("loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "hfu", "peak_flops_source",
@@ -67,8 +55,9 @@ def print_summary(summary: Dict[str, object]) -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("note", overflow="fold", max_width=60)
-    notes = summary.get("notes", {})
+    notes, invalid = summary.get("notes", {}), summary.get("invalid") or {}
     for key in SUMMARY_ROWS:
-        table.add_row(key, _fmt(key, summary.get(key)), notes.get(key, ""))
+        value = "[red]invalid" if key in invalid else units.fmt(key, summary.get(key))
+        table.add_row(key, value, notes.get(key, ""))
     console.print(table)
     console.print(f"run dir: {summary.get('run_dir')}")

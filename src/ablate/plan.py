@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Dict, List
 
-from ablate import parallel
+from ablate import parallel, units
 from ablate.config import AblateConfig
 from ablate.parallel.base import Breakdown
 
@@ -52,14 +52,6 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "ablate": parallel.plan_bytes(numels, cfg)}
 
 
-def decimal_bytes(n: float) -> str:
-    """GB = 1e9 bytes as the article counts; smaller units for small models."""
-    if not n:
-        return "0"
-    unit, size = next(((u, s) for u, s in (("GB", 1e9), ("MB", 1e6)) if n >= s), ("kB", 1e3))
-    return f"{n / size:,.1f} {unit}"
-
-
 def count(n: float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
@@ -71,7 +63,9 @@ def render(p: Dict[str, object]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    gb = decimal_bytes
+    def gb(n: float) -> str:
+        return units.fmt("bytes", n) if n else "0"
+
     table = Table(title=f"static memory per GPU: model={p['model']} ({count(p['params'])} params), "
                         f"parallel={p['parallel']}, precision={p['precision']}, world={p['world_size']}")
     for col in ("accounting", "weights", "gradients", "optimizer", "per GPU", "whole model"):
