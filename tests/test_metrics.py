@@ -115,8 +115,11 @@ def test_the_deepspeed_loss_scale_is_read_from_deepspeeds_own_scaler():
                                delayed_shift=section["hysteresis"], consecutive_hysteresis=False)
     optimizer = SimpleNamespace(loss_scaler=scaler)      # where ZeRO's optimizers keep DeepSpeed's scaler
     assert deepspeed_loss_scale(optimizer) == 1024.0
-    scaler.update_scale(True)                            # an overflow: DeepSpeed halves the scale
-    assert deepspeed_loss_scale(optimizer) == 512.0
+    for _ in range(7):                                   # clean steps: the scale holds for the window (7)...
+        scaler.update_scale(False)
+    assert deepspeed_loss_scale(optimizer) == 1024.0
+    scaler.update_scale(False)                           # ...and the step after it doubles (DeepSpeed's own rule)
+    assert deepspeed_loss_scale(optimizer) == 2048.0
 
 
 def test_gemm_probe_measures_something():

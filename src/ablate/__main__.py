@@ -31,10 +31,15 @@ def hydra_main(cfg: DictConfig):
         fail(str(e))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     choices = {k: v for k, v in runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    from ablate.checkpoint import RunStopped
+
     try:
         return launcher.launch(typed, resolved, Path(runtime.output_dir), choices)
     except ConfigError as e:   # found only once running (e.g. a checkpoint that is not there)
         fail(str(e))
+    except RunStopped as e:    # stopped on purpose: a signal, or training that went non-finite
+        print(f"ablate: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 def main() -> None:

@@ -1,12 +1,13 @@
-"""Atomic checkpoints, resume, and preemption: a Slurm warning signal becomes a checkpoint at the next
-step boundary, then a requeue; the requeued job resumes with no lost and no repeated steps.
+"""Atomic checkpoints, safe resume, and stop signals: a Slurm warning signal, SIGTERM or Ctrl-C becomes a
+checkpoint at the next step boundary; a requeued or resumed run continues with no lost and no repeated steps.
 
 A checkpoint is a directory: the strategy's own files (one torch.save for none/ddp, torch.distributed.checkpoint
-shards for FSDP2, DeepSpeed's save_checkpoint for ZeRO) and meta.pt with the GradScaler, the step (which
-fixes the data position: batch i is a pure function of i), RNG states and the W&B run id; the loss
-scaler's state is the strategy's (it owns the numerics). Only tensors and plain values are stored, and
-loaded with weights_only=True: a checkpoint never runs code. It is written
-beside the old one and swapped in, so a kill mid-write leaves the previous checkpoint whole.
+shards for FSDP2, DeepSpeed's save_checkpoint for ZeRO; the loss scaler is the strategy's) and meta.pt with
+the step (which fixes the data position: batch i is a pure function of i), RNG states, the W&B run id, the
+config it was made with and the meter's totals (so the summary covers every attempt). It is written beside
+the old one and swapped in; the one before stays as `checkpoint.prev`, the fallback when the latest cannot
+be read. Only tensors and plain values are stored, and loaded with weights_only=True: a checkpoint never
+runs code.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import json
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,14 +25,23 @@ import torch.distributed as dist
 from ablate.config import ConfigError
 
 DIRNAME = "checkpoint"     # <run dir>/checkpoint/: meta.pt (rank 0) + the strategy's own files
+PREVIOUS = DIRNAME + ".prev"
 
 
 class Preempted(Exception):
     """Raised at a step boundary after the checkpoint is written."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"preempted by {signal.Signals(signum).name}")
-        self.signum = signum
+    def __init__(self, signum: int, step: int = 0):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum, self.step = signum, step
+
+
+class RunStopped(Exception):
+    """The run ended early on purpose (a stop signal, non-finite training): one line for the user."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def resolve(resume: Optional[str]) -> Optional[Path]:
@@ -38,10 +49,10 @@ def resolve(resume: Optional[str]) -> Optional[Path]:
     if not resume:
         return None
     path = Path(resume)
-    path = path / DIRNAME if (path / DIRNAME / "meta.pt").exists() else path
-    if not (path / "meta.pt").is_file():
-        raise ConfigError(f"train.resume={resume}: no checkpoint there (expected {DIRNAME}/meta.pt in a run dir)")
-    return path
+    for candidate in (path / DIRNAME, path / PREVIOUS, path):
+        if (candidate / "meta.pt").is_file():
+            return candidate
+    raise ConfigError(f"train.resume={resume}: no checkpoint there (expected {DIRNAME}/meta.pt in a run dir)")
 
 
 def _barrier() -> None:
@@ -49,9 +60,10 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save(target: Path, strategy, step: int, wandb_id: Optional[str], is_main: bool) -> None:
-    """Write into <target>.tmp, then swap it in: a kill at any moment leaves a whole checkpoint behind."""
-    tmp, old = target.with_name(target.name + ".tmp"), target.with_name(target.name + ".old")
+def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
+    """Write into <target>.tmp, then swap it in (the old one becomes <target>.prev): a kill at any moment
+    leaves a whole checkpoint behind."""
+    tmp, prev = target.with_name(target.name + ".tmp"), target.with_name(PREVIOUS)
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -59,59 +71,136 @@ def save(target: Path, strategy, step: int, wandb_id: Optional[str], is_main: bo
     strategy.save_checkpoint(tmp)     # collective for sharded strategies: every rank writes its part
     if is_main:
         torch.save({"step": step, "rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                    "wandb_id": wandb_id}, tmp / "meta.pt")
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, **meta},
+                   tmp / "meta.pt")
     _barrier()
     if is_main:
-        shutil.rmtree(old, ignore_errors=True)
         if target.exists():
-            os.replace(target, old)
+            shutil.rmtree(prev, ignore_errors=True)
+            os.replace(target, prev)
         os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
     _barrier()
+
+
+def read_meta(path: Path) -> Dict:
+    """meta.pt, refusing anything but tensors and plain values (nothing in it can run code)."""
+    try:
+        return torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
+    except Exception as e:
+        if "weights_only" in str(e) or "Unsupported global" in str(e) or "UnpicklingError" in type(e).__name__:
+            raise ConfigError(f"train.resume: {path / 'meta.pt'} holds more than tensors and plain values; refused "
+                              "(loading it could run code)") from None
+        raise
 
 
 def load(path: Path, strategy) -> Dict:
-    meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
-    strategy.load_checkpoint(path)
-    torch.set_rng_state(meta["rng"])
-    if meta.get("cuda_rng") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(meta["cuda_rng"])
-    return meta
+    """Restore `path`; when it cannot be read, the previous checkpoint beside it (said in one line)."""
+    candidates: List[Path] = [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
+    for i, candidate in enumerate(candidates):
+        if not (candidate / "meta.pt").is_file():
+            continue
+        try:
+            meta = read_meta(candidate)
+            strategy.load_checkpoint(candidate)
+        except ConfigError:
+            raise
+        except Exception as e:
+            if i + 1 < len(candidates) and (candidates[i + 1] / "meta.pt").is_file():
+                print(f"ablate: warning: checkpoint {candidate} cannot be read ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); resuming from {candidates[i + 1]}",
+                      file=sys.stderr)
+                continue
+            raise ConfigError(f"train.resume: checkpoint {candidate} cannot be read ({type(e).__name__}: "
+                              f"{(str(e).strip().splitlines() or [''])[-1][:200]})") from None
+        torch.set_rng_state(meta["rng"])
+        if meta.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(meta["cuda_rng"])
+        return meta
+    raise ConfigError(f"train.resume: no readable checkpoint in {path}")
+
+
+# what a checkpoint's format cannot change on resume (parallel: the file layout of each strategy)
+FIXED = ("model", "precision.name")
+LAYOUT = {"none": "torch", "ddp": "torch", "ddp_sync": "torch", "fsdp2": "dcp", "zero1": "deepspeed-1",
+          "zero2": "deepspeed-2", "zero3": "deepspeed-3"}
+CHANGEABLE = ("train.lr", "train.weight_decay", "train.beta1", "train.beta2", "train.max_grad_norm")
+
+
+def _flat(node, prefix="") -> Dict[str, object]:
+    out = {}
+    for k, v in (node or {}).items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, saved_world: Optional[int]) -> Dict:
+    """Refuse (one line) what a checkpoint cannot become; return {key: [saved, now]} of what changes."""
+    steps = now["train"]["steps"]
+    if steps <= step:
+        raise ConfigError(f"train.steps={steps}: the checkpoint is at step {step}; ask for more steps to continue "
+                          f"(e.g. train.steps={step + max(step, 10)})")
+    if not saved:
+        return {}
+    a, b = _flat(saved), _flat(now)
+    fixed = [k for k in sorted(set(a) | set(b)) if k.startswith(FIXED) and a.get(k) != b.get(k)]
+    layout = (LAYOUT.get(a.get("parallel.name")), LAYOUT.get(b.get("parallel.name")))
+    if layout[0] != layout[1] or (layout[0].startswith("deepspeed") and saved_world not in (None, world)):
+        fixed.append(f"parallel ({a.get('parallel.name')} on {saved_world} ranks -> {b.get('parallel.name')} on "
+                     f"{world})")
+    if fixed:
+        what = ", ".join(f"{k}={a.get(k)} -> {b.get(k)}" if "=" not in k and "(" not in k else k for k in fixed[:4])
+        raise ConfigError(f"train.resume: the checkpoint cannot continue with a different {fixed[0].split('.')[0]}: "
+                          f"{what}; resume with the checkpoint's values, or start a new run")
+    return {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
+
+
+def read_metrics(path: Path) -> List[Dict]:
+    """metrics.jsonl rows; a torn line (a kill or a full disk mid-write) is dropped, not fatal."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
 
 
 def truncate_metrics(run_dir: Path, step: int) -> None:
-    """Drop log rows past the checkpoint: they will be computed again, and each step is logged once."""
+    """Drop log rows past the checkpoint (they will be computed again, each step is logged once) and any
+    torn line."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    keep = [r for r in read_metrics(path) if r.get("step", 0) <= step]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
     os.replace(tmp, path)
 
 
 class Preemption:
-    """Inside a submitit job: the warning signal (USR2) and SIGTERM set a flag instead of acting at once;
-    the loop checks it at step boundaries (`due`), all ranks agree, and then `hand_over` lets submitit
-    requeue. Outside Slurm nothing is installed and `due` costs nothing."""
+    """Stop signals become a flag the loop checks at step boundaries (`due`); all ranks agree, the loop
+    checkpoints, then `hand_over`. Inside a submitit job: USR2 (the time-limit warning) and SIGTERM, then
+    submitit requeues. Anywhere else: SIGTERM and SIGINT (Ctrl-C), then the run ends with one line that
+    says how to continue it."""
 
     def __init__(self, world_size: int):
         self.signum: Optional[int] = None
         self.previous = {}
-        self.active = "SUBMITIT_EXECUTOR" in os.environ or "SLURM_JOB_ID" in os.environ
+        self.slurm = "SUBMITIT_EXECUTOR" in os.environ or "SLURM_JOB_ID" in os.environ
         self.world_size = world_size
-        if not self.active:
-            return
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self._flag)
+        signals = (signal.SIGUSR2, signal.SIGTERM) if self.slurm else (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            try:
+                self.previous[sig] = signal.signal(sig, self._flag)
+            except ValueError:   # not the main thread (e.g. an embedding caller): no signal handling
+                pass
 
     def _flag(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt   # a second Ctrl-C: stop now
         self.signum = signum
 
     def due(self) -> bool:
-        if not self.active:
-            return False
         if self.world_size == 1:
             return self.signum is not None
         from ablate.metrics.comm import paused
@@ -123,8 +212,15 @@ class Preemption:
             self.signum = int(flag.item())
         return bool(flag.item())
 
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
     def hand_over(self, is_main: bool) -> None:
-        """After the checkpoint: rank 0 lets submitit requeue (USR2) or Slurm requeue (SIGTERM), then leaves."""
+        """After the checkpoint: under Slurm rank 0 lets submitit requeue (USR2) or Slurm requeue (SIGTERM)
+        and the process leaves without a result; elsewhere the caller ends the run with one line."""
+        if not self.slurm:
+            return
         handler = self.previous.get(self.signum)
         if self.signum == signal.SIGUSR2 and is_main and callable(handler):
             handler(self.signum, None)     # submitit: checkpoint() + scontrol requeue + exit

@@ -92,6 +92,21 @@ def check_hardware(cfg: AblateConfig) -> None:
     launcher.check(cfg)
 
 
+def check_run_dir(overrides: List[str]) -> None:
+    """hydra.run.dir: not empty, not already holding a run (unless resumed), writable."""
+    from pathlib import Path
+
+    from ablate import guards
+
+    guards.check_run_dir_override(overrides)
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    if not given or any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
+        return
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("train.resume=")), None)
+    guards.check_fresh(Path(given[-1]), resume)
+    guards.check_writable(Path(given[-1]))
+
+
 def sweeper_params(parsed) -> List[str]:
     """A sweeps/ file's own grid (hydra.sweeper.params), less the keys the command line sets itself."""
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
@@ -128,6 +143,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
         return
     register()
     overrides, config_dirs = split_argv(argv)
+    check_run_dir(overrides)
     overrides = [o for o in _search_path(overrides, config_dirs)
                  if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
     with hydra_context():

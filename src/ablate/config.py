@@ -81,7 +81,9 @@ class TrainConfig:
     compile: bool = False          # torch.compile the model
     device: str = "auto"           # auto | cpu | cuda
     resume: Optional[str] = None   # a checkpoint file or run directory to continue
-    checkpoint_every: int = 0      # 0: only on preemption and at the end
+    checkpoint_every: int = 0      # 0: only when stopped by a signal (and at the last step when > 0)
+    max_nonfinite_steps: int = 10  # consecutive NaN/inf steps that stop the run (0: never); checked at log steps
+    skip_memory_check: bool = False   # start even when the memory estimate says the run cannot fit
 
     def __post_init__(self):
         _at_least("train.steps", self.steps, 1)
@@ -99,6 +101,7 @@ class TrainConfig:
                 raise ConfigError(f"train.{k}={getattr(self, k)}: must be in [0, 1)")
         _at_least("train.max_grad_norm", self.max_grad_norm, 0)
         _at_least("train.checkpoint_every", self.checkpoint_every, 0)
+        _at_least("train.max_nonfinite_steps", self.max_nonfinite_steps, 0)
         _choice("train.device", self.device, ("auto", "cpu", "cuda"))
         if self.resume is not None and not os.path.exists(self.resume):
             raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
@@ -188,6 +191,7 @@ class LoggerConfig:
     group: Optional[str] = None          # W&B group (a sweep's name)
     job_type: Optional[str] = None       # W&B job_type (a week-4 claim)
     tags: List[str] = field(default_factory=list)
+    init_timeout_s: float = 15.0         # online W&B that does not answer by then: log offline, sync later
 
     def __post_init__(self):
         _choice("logger.name", self.name, _registered("tracking"))

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 import yaml
 
-from ablate import environment
+from ablate import environment, guards
 from ablate.config import AblateConfig
 
 
@@ -31,13 +31,15 @@ def _already_a_rank() -> bool:
 
 
 def check_local(cfg: AblateConfig) -> None:
-    """What this machine cannot run (precision, strategy), said before any rank starts."""
+    """What this machine cannot run (precision, strategy, memory), said before any rank starts."""
     import torch
 
     from ablate.distributed import device_type
     from ablate.train import check_runnable
 
-    check_runnable(cfg, torch.device(device_type(cfg.train.device)))
+    kind = device_type(cfg.train.device)
+    check_runnable(cfg, torch.device(kind))
+    guards.check_memory(cfg, kind)
 
 
 def check_slurm(cfg: AblateConfig) -> None:
@@ -73,10 +75,16 @@ def check(cfg: AblateConfig) -> None:
 
 def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
     """Write the run's config, apply the allocator/NCCL environment (in the submitting process too: the
-    sbatch script exports it), then start the ranks where `launcher=` says."""
-    _write_config(run_dir, resolved)
-    applied = environment.apply(cfg)
-    return REGISTRY[cfg.launcher.name][1](cfg, resolved, run_dir, choices, applied)
+    sbatch script exports it), then start the ranks where `launcher=` says. A directory that already holds
+    a run, or that another live run writes into, is refused (guards.py)."""
+    guards.check_fresh(run_dir, cfg.train.resume)
+    guards.lock(run_dir)
+    try:
+        _write_config(run_dir, resolved)
+        applied = environment.apply(cfg)
+        return REGISTRY[cfg.launcher.name][1](cfg, resolved, run_dir, choices, applied)
+    finally:
+        guards.release(run_dir)
 
 
 def _rank_entry(cfg, run_dir, resolved, choices, applied):
@@ -99,9 +107,11 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except ChildFailedError as e:
-        for rank, failure in _root_cause_first(e.failures):
-            print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {_message(failure)}", file=sys.stderr)
-        raise SystemExit(1) from None
+        (rank, failure), *others = _root_cause_first(e.failures)
+        also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
+            if others else ""
+        print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {_message(failure)}{also}", file=sys.stderr)
+        raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
     return results.get(0)
 
 
@@ -109,10 +119,21 @@ CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker 
 
 
 def _message(failure) -> str:
-    message = failure.message
+    """The failing rank's own exception (torch elastic's error file), with where it was raised when its
+    text alone says nothing (a bare `AssertionError:`)."""
+    message, where = failure.message, ""
     if isinstance(message, dict):
+        stack = str((message.get("extraInfo") or {}).get("py_callstack", ""))
+        frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
+        where = frames[-1] if frames else ""
         message = message.get("message", message)
-    return str(message).strip().splitlines()[-1] if str(message).strip() else f"exit code {failure.exitcode}"
+    lines = [ln for ln in str(message).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else f"exit code {failure.exitcode}"
+    if text.startswith("To enable traceback"):   # no error file: the rank died outside Python's handler
+        text = f"the process ended with exit code {failure.exitcode} before reporting an error"
+    if text.rstrip().endswith(":") and where:
+        text = f"{text.rstrip(': ')} at {where}"
+    return text
 
 
 def _root_cause_first(failures):

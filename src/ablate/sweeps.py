@@ -132,6 +132,10 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.sweeps: error: {e}", file=sys.stderr)
         return 2
     root = args.dir or Path("multirun") / f"{'-'.join(args.names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    if root.exists() and any(root.rglob("metrics.jsonl")):
+        print(f"ablate.sweeps: error: --dir {root} already holds runs; choose another folder "
+              f"(python -m ablate.report {root} reports on them)", file=sys.stderr)
+        return 2
     print(f"{len(runs)} runs ({args.repeats} repeat(s), {args.order}) into {root}", flush=True)
     failed = run_all(runs, root, extra, {"ABLATE_PREFLIGHT_DONE": "1"})
     from ablate import report

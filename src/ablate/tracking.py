@@ -96,6 +96,7 @@ class Tracker:
         self.notes: Dict[str, str] = {}
         self.wandb = None
         self.group: Optional[str] = None
+        self.mode: Optional[str] = None
         if not is_main:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -107,20 +108,39 @@ class Tracker:
         mode = wandb_mode(self.cfg)
         ident = run_identity(config, self.run_dir)
         self.group = self.cfg.group or ident["group"]
+        kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, group=self.group, job_type=self.cfg.job_type,
+                      name=ident["name"], tags=tags_from_choices(choices) + ident["tags"] + list(self.cfg.tags),
+                      config=config, dir=str(self.run_dir), id=wandb_id, resume="allow" if wandb_id else None)
         try:
-            import wandb
+            self.wandb = self._init(kwargs, mode)
+        except Exception as e:
+            if mode != "online":   # W&B must never take the run down: the local files still hold everything
+                self._disable(e)
+                return
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            print(f"ablate: warning: W&B online did not start within {self.cfg.init_timeout_s:.0f} s "
+                  f"({type(e).__name__}: {first}); logging offline: `wandb sync {self.run_dir}/wandb` later",
+                  file=sys.stderr)
+            self.notes["wandb"] = "online W&B did not start; logged offline (sync later)"
+            try:
+                self.wandb = self._init(kwargs, "offline")
+            except Exception as again:
+                self._disable(again)
 
-            self.wandb = wandb.init(
-                project=self.cfg.project, entity=self.cfg.entity, group=self.group, job_type=self.cfg.job_type,
-                name=ident["name"], tags=tags_from_choices(choices) + ident["tags"] + list(self.cfg.tags),
-                config=config, dir=str(self.run_dir), mode=mode, id=wandb_id, resume="allow" if wandb_id else None,
-                settings=wandb.Settings(console="off", quiet=True, x_disable_stats=True))
-            self.wandb.define_metric("step")
-            self.wandb.define_metric("*", step_metric="step")
-        except Exception as e:   # W&B must never take the run down: the local files still hold everything
-            self.notes["wandb"] = f"W&B disabled for this run: {type(e).__name__}: {e}"
-            print(f"ablate: warning: {self.notes['wandb']}", file=sys.stderr)
-            self.wandb = None
+    def _init(self, kwargs: Dict, mode: str):
+        import wandb
+
+        run = wandb.init(**kwargs, mode=mode, settings=wandb.Settings(
+            console="off", quiet=True, x_disable_stats=True, init_timeout=self.cfg.init_timeout_s))
+        run.define_metric("step")
+        run.define_metric("*", step_metric="step")
+        self.mode = mode
+        return run
+
+    def _disable(self, e: Exception) -> None:
+        self.notes["wandb"] = f"W&B disabled for this run: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        print(f"ablate: warning: {self.notes['wandb']}", file=sys.stderr)
+        self.wandb = None
 
     @property
     def wandb_id(self) -> Optional[str]:
@@ -151,8 +171,9 @@ class Tracker:
             return
         summary.setdefault("notes", {}).update(self.notes)
         if self.wandb is not None:
-            summary["wandb"] = {"id": self.wandb.id, "mode": wandb_mode(self.cfg), "group": self.group,
-                                "name": self.wandb.name, "dir": str(Path(self.wandb.dir).parent), "url": self.wandb.url}
+            summary["wandb"] = {"id": self.wandb.id, "mode": self.mode, "group": self.group,
+                                "name": self.wandb.name, "dir": str(Path(self.wandb.dir).parent),
+                                "url": self.wandb.url if self.mode == "online" else None}
             flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) or v is None}
             self._guarded("summary", lambda: self.wandb.summary.update(flat))
         dump_json(self.run_dir / "summary.json", {k: _jsonable(v) for k, v in summary.items()})

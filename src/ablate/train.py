@@ -42,12 +42,15 @@ def injected_failure():
 
 
 class Loop:
-    """The steps themselves, plus the checkpoints taken between them."""
+    """The steps themselves, plus what happens between them: checkpoints, stop signals, and the
+    non-finite rule (checked at log steps and before every checkpoint: no host sync per step)."""
 
-    def __init__(self, cfg, env, strategy, feeder, meter, tracker, progress, run_dir: Path):
+    def __init__(self, cfg, env, strategy, feeder, meter, tracker, progress, run_dir: Path, resolved: Dict):
         self.cfg, self.env, self.strategy, self.feeder = cfg, env, strategy, feeder
         self.meter, self.tracker, self.progress, self.run_dir = meter, tracker, progress, run_dir
+        self.resolved = resolved
         self.preemption = checkpoint.Preemption(env.world_size)
+        self.saved_step: Optional[int] = None
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
@@ -79,20 +82,40 @@ class Loop:
             if step % t.log_every == 0 or step == t.steps:
                 row = self.meter.log_point(step)
                 self.tracker.log(row)
+                self.check_finite(step)
             self.progress.advance(step, row)
             self.between_steps(step)
+
+    def last_good(self) -> str:
+        return (f"last good checkpoint: {self.run_dir / checkpoint.DIRNAME} (step {self.saved_step})"
+                if self.saved_step else "no checkpoint was written")
+
+    def check_finite(self, step: int) -> None:
+        """train.max_nonfinite_steps consecutive steps with a NaN/inf loss or gradient norm (fp16's skipped
+        steps count alike) stop the run with one line."""
+        limit, bad = self.cfg.train.max_nonfinite_steps, self.meter.consecutive_nonfinite()
+        if limit and bad >= limit:
+            raise checkpoint.RunStopped(f"stopped at step {step}: {bad} consecutive steps with a non-finite loss or "
+                                        f"gradient norm (train.max_nonfinite_steps={limit}); {self.last_good()}")
 
     def between_steps(self, step: int) -> None:
         every = self.cfg.train.checkpoint_every
         if self.preemption.due():
             self.save(step)
-            raise checkpoint.Preempted(self.preemption.signum)
+            raise checkpoint.Preempted(self.preemption.signum, step)
         if every and (step % every == 0 or step == self.cfg.train.steps):
             self.save(step)
 
     def save(self, step: int) -> None:
-        checkpoint.save(self.run_dir / checkpoint.DIRNAME, self.strategy, step, self.tracker.wandb_id,
-                        self.env.is_main)
+        """A checkpoint, never of non-finite weights (the previous one stays the latest)."""
+        self.check_finite(step)
+        if not self.strategy.state_is_finite():   # NaN weights never recover: stop, keep the last good one
+            raise checkpoint.RunStopped(f"stopped at step {step}: the weights are not finite, so no checkpoint was "
+                                        f"written from them; {self.last_good()}")
+        meta = {"wandb_id": self.tracker.wandb_id, "world_size": self.env.world_size, "totals": self.meter.totals,
+                "config": {k: v for k, v in self.resolved.items() if k != "hydra"}}
+        checkpoint.save(self.run_dir / checkpoint.DIRNAME, self.strategy, step, meta, self.env.is_main)
+        self.saved_step = step
 
 
 def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
@@ -104,6 +127,19 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
     return own if (own / "meta.pt").exists() and "SLURM_JOB_ID" in os.environ else None
 
 
+def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, world: int) -> Dict[str, object]:
+    """{step, wandb_id, totals, changed} from the checkpoint to continue, or a fresh start."""
+    path = resume_point(cfg, run_dir)
+    if path is None:
+        return {"step": 0, "wandb_id": None, "totals": None, "changed": {}}
+    meta = checkpoint.read_meta(path)
+    changed = checkpoint.check_resumable(meta.get("config"), resolved, meta["step"], world, meta.get("world_size"))
+    meta = checkpoint.load(path, strategy)
+    strategy.apply_hyperparameters(cfg.train)     # lr & co as this run asks, not as the checkpoint had them
+    return {"step": meta["step"], "wandb_id": meta.get("wandb_id"), "totals": meta.get("totals"),
+            "changed": changed, "from": str(path)}
+
+
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
@@ -112,33 +148,35 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
     try:
         check_runnable(cfg, env.device)
         params, strategy = build(cfg, env)
-        start_step, wandb_id = 0, None
-        resume = resume_point(cfg, run_dir)
-        if resume is not None:
-            blob = checkpoint.load(resume, strategy)
-            start_step, wandb_id = blob["step"], blob["wandb_id"]
+        resumed = resume(cfg, run_dir, resolved, strategy, env.world_size)
+        start_step = resumed["step"]
         if env.is_main:
             checkpoint.truncate_metrics(run_dir, start_step)
         loader = build_loader(cfg.train, cfg.dataloader, cfg.model.vocab_size, env.rank, env.world_size,
                               start_step * cfg.train.grad_accum, env.device)
         feeder = DeviceFeeder(loader, cfg.dataloader, env.device)
-        meter = Meter(cfg, env, feeder, strategy)
-        tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, wandb_id)
+        meter = Meter(cfg, env, feeder, strategy, resumed["totals"])
+        tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, resumed["wandb_id"])
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
-        loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir)
+        loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved)
+        loop.saved_step = start_step or None
         try:
             loop.run(start_step)
-        except checkpoint.Preempted:
+        except checkpoint.Preempted as stop:
             tracker.close(exit_code=0)
             progress.close()
             distributed.teardown(clean=True)
-            loop.preemption.hand_over(env.is_main)
+            loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
+            raise checkpoint.RunStopped(
+                f"{stop}: checkpoint at step {stop.step} in {run_dir / checkpoint.DIRNAME}; continue with "
+                f"train.resume={run_dir}", exit_code=128 + stop.signum) from None
         except BaseException:
             tracker.close(exit_code=1)
             raise
         finally:
             progress.close()
             meter.close()
+            loop.preemption.restore()
         summary = meter.summary()
         per_rank = distributed.all_gather_object(
             {"rank": env.rank, "state_bytes": strategy.measured_state,
@@ -150,6 +188,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             summary.update({
                 "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
                 "resumed_from_step": start_step,
+                "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
                 **params, "numerics": strategy.numerics,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),

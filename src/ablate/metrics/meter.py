@@ -37,7 +37,7 @@ def invalid_utilizations(figures: Dict[str, object], peak_source: Optional[str])
 class Meter:
     """The run's figures: called by the loop without host syncs, read at log steps and at the end."""
 
-    def __init__(self, cfg: AblateConfig, env, feeder, strategy):
+    def __init__(self, cfg: AblateConfig, env, feeder, strategy, totals: Optional[Dict[str, float]] = None):
         self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
         device = self.device
         self.feeder, self.strategy = feeder, strategy
@@ -53,11 +53,15 @@ class Meter:
         self.loss_sum = torch.zeros((), device=device)
         self.loss_count = 0
         self.nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+        self._step_bad = torch.zeros((), dtype=torch.bool, device=device)      # this step had a NaN/inf
+        self._consecutive = torch.zeros((), dtype=torch.int64, device=device)  # bad steps in a row
         self.grad_norm = torch.zeros((), device=device)
         self.measuring = False
         self.invalid: Dict[str, Dict[str, object]] = {}
         self.totals = dict(time=0.0, steps=0, tokens=0, txl=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
                            fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0)
+        if totals:   # a resumed run: the figures cover every attempt's measured steps
+            self.totals.update({k: v for k, v in totals.items() if k in self.totals})
         self.last: Dict[str, object] = {}
         self.util_samples = []
         self.mem_max: Dict[str, Optional[int]] = {}
@@ -66,14 +70,24 @@ class Meter:
     # -- called by the training loop, no device sync -------------------------------------------
     def on_micro(self, loss: torch.Tensor) -> None:
         loss = loss.detach()
-        self.nonfinite += (~torch.isfinite(loss)).long()
+        bad = ~torch.isfinite(loss)
+        self.nonfinite += bad.long()
+        self._step_bad |= bad
         self.loss_sum += loss
         self.loss_count += 1
 
-    def on_step(self, grad_norm: torch.Tensor) -> None:
-        self.grad_norm = grad_norm.detach()
+    def on_step(self, grad_norm: Optional[torch.Tensor]) -> None:
+        """`grad_norm` None: the engine did not measure one (then only the loss says a step was bad)."""
+        self.grad_norm = grad_norm.detach() if grad_norm is not None else None
+        bad = self._step_bad if grad_norm is None else self._step_bad | ~torch.isfinite(self.grad_norm)
+        self._consecutive = torch.where(bad, self._consecutive + 1, torch.zeros_like(self._consecutive))
+        self._step_bad = torch.zeros_like(self._step_bad)
         if self.measuring:
             self.totals["steps"] += 1
+
+    def consecutive_nonfinite(self) -> int:
+        """Steps in a row, up to the last, with a non-finite loss or gradient norm (a host sync)."""
+        return int(self._consecutive.item())
 
     def start_measuring(self) -> None:
         """Warm-up is over: figures from here on count."""
@@ -96,7 +110,8 @@ class Meter:
         phases = self.clock.take()
         loss = distributed.mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)
         row: Dict[str, object] = {"step": step, "loss": loss.item(),
-                                  "grad_norm": self.grad_norm.item(), "nonfinite_steps": int(self.nonfinite.item()),
+                                  "grad_norm": self.grad_norm.item() if self.grad_norm is not None else None,
+                                  "nonfinite_steps": int(self.nonfinite.item()),
                                   "scaler_skipped_steps": self.strategy.skipped_steps(),
                                   "loss_scale": self.strategy.loss_scale()}
         self.loss_sum.zero_()

@@ -11,7 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -133,6 +133,33 @@ class Strategy(ABC):
         """Bytes of parameters, gradients and optimizer state held by this rank."""
 
     @abstractmethod
+    def local_state(self) -> Iterable[torch.Tensor]:
+        """The parameter tensors this rank holds (its shards/partitions)."""
+
+    @property
+    @abstractmethod
+    def optimizer_param_groups(self) -> List[Dict]:
+        """The optimizer's param groups (lr, betas, weight_decay live there)."""
+
+    def state_is_finite(self) -> bool:
+        """Every rank's parameters are finite (agreed over ranks): never checkpoint NaN weights."""
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in self.local_state()]
+        flag = torch.tensor([float(all(bool(torch.isfinite(t).all()) for t in local if t.numel()))])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            from ablate.metrics.comm import paused
+
+            with paused():
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def apply_hyperparameters(self, train: TrainConfig) -> None:
+        """After a resume: the run's lr, betas and weight decay, not the checkpoint's."""
+        for group in self.optimizer_param_groups:
+            group["lr"], group["betas"] = train.lr, (train.beta1, train.beta2)
+            if group.get("weight_decay"):   # the decayed group (matrices); norms and biases stay at 0
+                group["weight_decay"] = train.weight_decay
+
+    @abstractmethod
     def save_checkpoint(self, directory: Path) -> None:
         """Write model + optimizer (+ loss scaler) state under `directory` (collective where sharded)."""
 
@@ -189,6 +216,13 @@ class TorchStrategy(Strategy):
 
     def loss_scale(self) -> Optional[float]:
         return self.scaler.get_scale() if self.scaler is not None else None
+
+    def local_state(self):
+        return [p.detach() for p in self.model.parameters()]
+
+    @property
+    def optimizer_param_groups(self):
+        return self.optimizer.param_groups
 
     def skipped_steps(self) -> int:
         return int(self._skipped.item())

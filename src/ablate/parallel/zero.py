@@ -159,11 +159,19 @@ class Zero(Strategy):
         if measure_state:
             self.measured_state = self.state_bytes()   # while the gradients still exist
         self.model.step()              # the accumulation boundary: reduce, clip, update, zero
-        norm = self.model.get_global_grad_norm()
-        return torch.as_tensor(float("nan") if norm is None else float(norm))
+        norm = self.model.get_global_grad_norm()     # None when DeepSpeed did not compute one
+        return None if norm is None else torch.as_tensor(float(norm))
 
     def loss_scale(self) -> Optional[float]:
         return deepspeed_loss_scale(self.optimizer) if self.scaled else None
+
+    def local_state(self):
+        params = list(self.model.module.parameters())
+        return [getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p.detach() for p in params]
+
+    @property
+    def optimizer_param_groups(self):
+        return self.optimizer.param_groups
 
     def skipped_steps(self) -> int:
         return int(self.model.skipped_steps)
