@@ -165,6 +165,18 @@ class Tracker:
             self.notes["wandb"] = f"W&B stopped at {what}: {type(e).__name__}: {first}"
             print(f"ablate: warning: {self.notes['wandb']}; local files carry on", file=sys.stderr)
             self.wandb = None
+            self._teardown_quietly()
+
+    @staticmethod
+    def _teardown_quietly() -> None:
+        """Free W&B's service connection now: its own exit hook would print a traceback about the lost
+        helper process (wandb unregisters that hook before it tries to reach the helper)."""
+        try:
+            import wandb
+
+            wandb.teardown(exit_code=1)
+        except Exception:
+            pass
 
     def finish(self, summary: Dict[str, object]) -> None:
         if not self.enabled:

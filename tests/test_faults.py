@@ -1,0 +1,187 @@
+"""When things go wrong, nothing recorded is lost and nothing hangs: real processes, real signals,
+the real wandb library (its helper process really killed), real mounts for read-only and full disks."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablate import checkpoint, guards
+from conftest import REPO, read_jsonl, run_cli
+
+FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
+
+
+def one_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    return lines[0]
+
+
+def test_a_second_run_into_a_run_dir_is_refused_and_the_first_is_intact(tmp_path):
+    first = run_cli([*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (tmp_path / "metrics.jsonl").read_text()
+    again = run_cli([*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"])
+    assert again.returncode == 2 and "already holds a run" in one_line(again)
+    assert f"train.resume={tmp_path}" in again.stderr
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_an_empty_run_dir_and_a_locked_one_are_refused(tmp_path):
+    empty = run_cli(["hydra.run.dir="])
+    assert empty.returncode == 2 and "hydra.run.dir is empty" in one_line(empty)
+    guards.lock(tmp_path / "busy")            # another live run holds this directory
+    try:
+        locked = run_cli([*FAST, "train.steps=3", f"hydra.run.dir={tmp_path / 'busy'}"])
+    finally:
+        guards.release(tmp_path / "busy")
+    assert locked.returncode == 2 and "another run is writing into it" in one_line(locked)
+    assert not (tmp_path / "busy" / "metrics.jsonl").exists()
+
+
+def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path):
+    result = run_cli(["model=8b", f"hydra.run.dir={tmp_path}/run"])
+    line = one_line(result)
+    assert result.returncode == 2 and line.startswith("ablate: error: model=8b: needs about")
+    assert "GB model state (ablate.plan)" in line and "train.skip_memory_check=true" in line
+    assert not (tmp_path / "run").exists()
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                                                 capture_output=True).returncode == 0
+
+
+def test_read_only_and_full_run_dirs_are_one_line(tmp_path):
+    ro, full = tmp_path / "ro", tmp_path / "full"
+    if not _mount_tmpfs(ro, "ro,size=1m"):
+        pytest.skip("needs root and tmpfs mounts to make a read-only and a full filesystem")
+    try:
+        assert _mount_tmpfs(full, "size=64k")
+        (full / "filler").write_bytes(b"\0" * (64 * 1024 - 4096))    # leaves less than the 1 MB ablate wants
+        for where, needle in ((ro, "is not writable"), (full, "no space left")):
+            result = run_cli([*FAST, f"hydra.run.dir={where}/run"])
+            assert result.returncode == 2 and needle in one_line(result)
+    finally:
+        for path in (ro, full):
+            subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def test_a_torn_metrics_line_is_dropped_on_resume(tmp_path):
+    rows = [{"step": 2, "loss": 3.0}, {"step": 4, "loss": 2.0}, {"step": 6, "loss": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 8, "lo')
+    checkpoint.truncate_metrics(tmp_path, 4)
+    assert read_jsonl(tmp_path / "metrics.jsonl") == rows[:2]
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    ckpt = tmp_path / "old" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", (
+        "import os, torch\n"
+        "class Payload:\n"
+        f"    def __reduce__(self): return (os.system, ('touch {marker}',))\n"
+        f"torch.save({{'step': 1, 'evil': Payload()}}, '{ckpt / 'meta.pt'}')\n")], check=True)
+    result = run_cli([*FAST, "train.steps=4", f"train.resume={tmp_path / 'old'}", f"hydra.run.dir={tmp_path}/new"])
+    assert result.returncode == 2 and "refused (loading it could run code)" in one_line(result)
+    assert not marker.exists()
+
+
+def _finite(path: Path) -> bool:
+    state = torch.load(path / "model_optimizer.pt", weights_only=True)
+    return all(bool(torch.isfinite(t).all()) for t in state["model"].values())
+
+
+@pytest.mark.slow
+def test_nan_training_stops_in_one_line_and_never_checkpoints_nan(tmp_path):
+    result = run_cli([*FAST, "train.lr=1e4", "train.steps=40", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ablate: stopped at step") and ("non-finite" in last or "not finite" in last)
+    for ckpt in (tmp_path / "checkpoint", tmp_path / "checkpoint.prev"):
+        if ckpt.exists():
+            assert _finite(ckpt), ckpt
+
+
+def _until_logged(run_dir: Path, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and read_jsonl(run_dir / "metrics.jsonl"):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the run logged nothing")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_checkpoints_and_says_how_to_continue(tmp_path, sig, code):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *FAST, "train.steps=400", "dataloader.read_latency_ms=30",
+                             f"hydra.run.dir={run_dir}"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    _until_logged(run_dir, proc)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert f"stopped by {sig.name}: checkpoint at step" in last and f"train.resume={run_dir}" in last
+    step = torch.load(run_dir / "checkpoint" / "meta.pt", weights_only=True)["step"]
+    resumed = run_cli([*FAST, f"train.steps={step + 4}", f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == step
+    logged = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert logged == sorted(set(logged))                          # every logged step once
+
+
+@pytest.mark.slow
+def test_resume_refuses_what_cannot_change_and_applies_the_rest(tmp_path):
+    first = run_cli([*FAST, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}/a"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    resume = f"train.resume={tmp_path}/a"
+    other = run_cli([*FAST, "model=small", "train.steps=8", resume, f"hydra.run.dir={tmp_path}/b"])
+    assert other.returncode == 2 and "cannot continue with a different model" in one_line(other)
+    short = run_cli([*FAST, "train.steps=4", f"train.resume={tmp_path}/a", f"hydra.run.dir={tmp_path}/c"])
+    assert short.returncode == 2 and "the checkpoint is at step 4" in one_line(short)
+    (tmp_path / "a" / "checkpoint" / "model_optimizer.pt").write_bytes(b"not a checkpoint")   # a damaged latest
+    moved = run_cli([*FAST, "train.steps=8", "train.lr=1e-4", resume, f"hydra.run.dir={tmp_path}/d"])
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert "resuming from" in moved.stderr and "checkpoint.prev" in moved.stderr
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 2                         # the previous checkpoint
+    assert summary["resume"]["changed"] == {"train.lr": [0.003, 0.0001]}
+    assert summary["measured_steps"] == 1 + 5                        # both attempts' measured steps
+
+
+@pytest.mark.slow
+def test_wandb_online_without_a_server_falls_back_to_offline(tmp_path):
+    result = run_cli(["train.steps=6", "train.warmup_steps=1", "metrics.gemm_probe_n=64", "logger.init_timeout_s=5",
+                      f"hydra.run.dir={tmp_path}"],
+                     env={"WANDB_MODE": "online", "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "logging offline" in result.stderr and "Traceback" not in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["wandb"]["mode"] == "offline" and list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.slow
+def test_killing_wandbs_helper_never_stops_training(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "train.steps=60", "train.warmup_steps=1",
+                             "dataloader.read_latency_ms=30", "metrics.gemm_probe_n=64", f"hydra.run.dir={tmp_path}"],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "WANDB_MODE": "offline"})
+    _until_logged(tmp_path, proc)
+    helpers = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "wandb-core"], capture_output=True, text=True)
+    for pid in helpers.stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert helpers.stdout.split(), "no wandb-core helper found to kill"
+    assert "W&B stopped" in stderr and "Traceback" not in stderr
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] == 60
