@@ -64,7 +64,8 @@ def test_every_sweep_file_composes_at_every_grid_point(name):
 def test_week4_lists_every_claim():
     from ablate.sweeps import expand
 
-    assert expand(["week4"]) == ["c1_mfu", "c2_zero3", "c3_no_sync", "c4_bf16", "c5_expandable", "c6_pinned"]
+    assert expand(["week4"]) == ["c1_mfu", "c2_zero3", "c2_overlap", "c3_no_sync", "c4_bf16", "c5_expandable",
+                                 "c6_pinned"]
 
 
 @pytest.mark.parametrize("override,needle", [

@@ -127,7 +127,8 @@ def test_report_of_nothing_is_a_clear_error(tmp_path, capsys):
 @pytest.mark.slow
 def test_sweeps_with_repeats_write_intervals_and_exact_comm(tmp_path):
     result = subprocess_run(["-m", "ablate.sweeps", "c3_no_sync", "--repeats", "2", "--dir", str(tmp_path), "--",
-                             "logger=none", "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128"])
+                             "logger=none", "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128",
+                             "metrics.profile_steps=[3,2]"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert str(tmp_path / "report.md") in result.stdout
     rows = {r["metric"]: r for r in csv.DictReader((tmp_path / "report.csv").open())}
@@ -140,6 +141,8 @@ def test_sweeps_with_repeats_write_intervals_and_exact_comm(tmp_path):
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("c3_no_sync/*/summary.json"))]
     assert [s["sweep"]["repeat"] for s in summaries] == [0, 0, 1, 1]           # interleaved: A B A B
     assert len({s["peak_flops_measured"] for s in summaries}) == 1            # one shared peak
+    assert rows["comm_exposed_s"]["verdict"] == "no claim"                    # from each run's trace
+    assert len(list(tmp_path.glob("c3_no_sync_*_rank*.timeline.png"))) == 4  # 2 arms x 2 ranks
 
 
 @pytest.mark.slow

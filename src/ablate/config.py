@@ -129,6 +129,7 @@ class ParallelConfig:
     """Data-parallel strategy. DeepSpeed fields apply to zero1/2/3 only."""
     name: str = "none"
     no_sync: bool = True                 # ddp: all-reduce once per optimizer step, not every micro-step
+    bucket_cap_mb: Optional[float] = None   # ddp: gradient bucket size (None: torch's 25 MB)
     reshard_after_forward: bool = True   # fsdp2
     overlap_comm: bool = True            # deepspeed: overlap reduction with backward
     contiguous_gradients: bool = True
@@ -241,6 +242,9 @@ class MetricsConfig:
     # where the measured peak is cached per (host, device, dtype, threads), so every run of a sweep shares
     # one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
     peak_cache: Optional[str] = None
+    # [start, count]: trace training steps start..start+count-1 with torch.profiler (traces/rank{N}.json.gz)
+    # and measure exposed communication and data wait from the trace; null: off
+    profile_steps: Optional[List[int]] = None
 
 
 @dataclass
@@ -271,6 +275,10 @@ class AblateConfig:
             several = [c for c, spec in STRATEGIES.items() if spec.needs_group]
             raise ConfigError(f"parallel=none with {world} ranks (launcher nodes x nproc_per_node): one process "
                               f"only; valid choices for several ranks: {', '.join(several)}")
+        spec = self.metrics.profile_steps
+        if spec is not None and (len(spec) != 2 or spec[0] < 1 or spec[1] < 1 or sum(spec) - 1 > self.train.steps):
+            raise ConfigError(f"metrics.profile_steps={list(spec)}: give [start, count] with start >= 1, count >= 1 "
+                              f"and start + count - 1 <= train.steps={self.train.steps}")
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
                               f"{self.model.max_seq_len}")

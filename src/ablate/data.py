@@ -93,7 +93,8 @@ class DeviceFeeder:
 
     def _fetch(self):
         t0 = time.perf_counter()
-        x, y = next(self.batches)
+        with torch.profiler.record_function("ablate:data_wait"):   # what a trace reads as data wait
+            x, y = next(self.batches)
         t1 = time.perf_counter()
         if self.stream is not None:
             with torch.cuda.stream(self.stream):

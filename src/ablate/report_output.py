@@ -26,7 +26,8 @@ def measured_text(c) -> str:
         return f"{text} (exact, n={c.n})"
     if c.ci_low is None:
         return f"{text} (n={c.n}, no interval)"
-    lo, hi = (units.effect(c.effect_kind, v, c.metric) for v in (c.ci_low, c.ci_high))
+    ends = (c.ci_high, c.ci_low) if c.effect_kind == "reduction" else (c.ci_low, c.ci_high)   # −x% reads low->high
+    lo, hi = (units.effect(c.effect_kind, v, c.metric) for v in ends)
     return f"{text} [{lo}, {hi}] (n={c.n})"
 
 
@@ -69,7 +70,22 @@ ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "data_wait_frac", "mem_peak_bytes"
                "nonfinite_steps", "scaler_skipped_steps")
 
 
-def group_section(group, plot: str) -> List[str]:
+def timelines(out: Path, group) -> List[str]:
+    """One profiled step per rank of each arm's first traced run: compute / comm / data-wait lanes."""
+    from ablate import timeline
+
+    written = []
+    for role, arm in group.arms.items():
+        run = next((r for r in arm.runs if (r.path / "traces").is_dir()), None)
+        for trace in sorted(run.path.glob("traces/rank*.json.gz")) if run else []:
+            rank = trace.name.split(".")[0]
+            name = f"{group.name}_{role}_{rank}.timeline.png"
+            if timeline.draw(trace, out / name, f"{group.name} {role} ({arm.value}) {rank}"):
+                written.append(name)
+    return written
+
+
+def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
     s = group.sweep
     lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{group.name}`)", "",
              f"Claimed: {s.get('claimed_text', '')}. Knob: `{s['knob']}`.", "",
@@ -83,7 +99,12 @@ def group_section(group, plot: str) -> List[str]:
     if group.unpaired:
         lines += ["", "Unpaired repeats (one arm has more runs; drawn, not in the effect): "
                   + ", ".join(f"`{r.path.name}`" for r in group.unpaired)]
-    return lines + ["", f"![{group.name}]({plot})"]
+    lines += ["", f"![{group.name}]({plot})"]
+    if pictures:
+        lines += ["", "Timelines of one traced step (red: communication nothing else ran during; open "
+                  "`traces/rank*.json.gz` of the run in https://ui.perfetto.dev for the whole trace):", ""]
+        lines += [f"![{p}]({p})" for p in pictures]
+    return lines
 
 
 def write(out: Path, report: Dict) -> Path:
@@ -92,7 +113,7 @@ def write(out: Path, report: Dict) -> Path:
     lines = header(report) + verdict_table(report["checks"])
     for group in report["groups"]:
         plot = draw(out, group, [c for c in report["checks"] if c.sweep == group.name])
-        lines += group_section(group, plot)
+        lines += group_section(group, plot, timelines(out, group))
     lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in arithmetic_checks()]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

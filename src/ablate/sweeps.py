@@ -59,9 +59,22 @@ def listing() -> str:
     return "\n".join(rows)
 
 
-def plan_runs(names: List[str], extra: List[str], repeats: int, order: str,
-              seed: int) -> List[Tuple[str, List[str], int]]:
-    """(sweep, overrides, repeat) for every run, in running order; validates every point first."""
+def is_side_arm(name: str, combo: List[str]) -> bool:
+    """An arm that is neither the sweep's baseline nor its treatment (C4's fp16): drawn, not judged."""
+    s = load(name).get("sweep", {})
+    knob = s.get("knob", "")
+    for o in combo:
+        key, _, value = o.partition("=")
+        if key in (knob, knob.rsplit(".name", 1)[0]):
+            return value not in (str(s.get("baseline")).lower(), str(s.get("treatment")).lower(),
+                                 str(s.get("baseline")), str(s.get("treatment")))
+    return False
+
+
+def plan_runs(names: List[str], extra: List[str], repeats: int, order: str, seed: int,
+              side_arms_once: bool = True) -> List[Tuple[str, List[str], int]]:
+    """(sweep, overrides, repeat) for every run, in running order; validates every point first. Side arms
+    run once (repeat 0) unless asked: they are drawn but judged by no check, and can be slow (fp16 on a CPU)."""
     from ablate.cli import grid, hydra_context, preflight
     from ablate.config import register
 
@@ -73,7 +86,7 @@ def plan_runs(names: List[str], extra: List[str], repeats: int, order: str,
             combos = [[o for o in c if not o.startswith("sweep.repeat=")] for c in grid([f"+sweeps={name}", *extra])]
         rng = random.Random(seed)
         for r in range(repeats):
-            block = list(combos)
+            block = [c for c in combos if r == 0 or not (side_arms_once and is_side_arm(name, c))]
             if order == "random":
                 rng.shuffle(block)
             runs += [(name, combo, r) for combo in block]
@@ -118,6 +131,8 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
     parser.add_argument("--order", choices=("interleaved", "random"), default="interleaved")
     parser.add_argument("--seed", type=int, default=0, help="seed of --order random")
+    parser.add_argument("--repeat-side-arms", action="store_true",
+                        help="repeat arms that are neither baseline nor treatment too (default: once)")
     args = parser.parse_args(argv)
     if args.list:
         print(listing())
@@ -127,7 +142,8 @@ def main(argv: List[str] = None) -> int:
     from ablate.config import ConfigError
 
     try:
-        runs = plan_runs(expand(args.names), extra, args.repeats, args.order, args.seed)
+        runs = plan_runs(expand(args.names), extra, args.repeats, args.order, args.seed,
+                         side_arms_once=not args.repeat_side_arms)
     except ConfigError as e:
         print(f"ablate.sweeps: error: {e}", file=sys.stderr)
         return 2

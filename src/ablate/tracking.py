@@ -155,6 +155,20 @@ class Tracker:
         if self.wandb is not None:
             self._guarded("log", lambda: self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))}))
 
+    def add_file(self, path: Path, kind: str) -> None:
+        """A file of the run (a profiler trace) as a W&B artifact, when W&B is on."""
+        if self.wandb is None or not Path(path).exists():
+            return
+
+        def upload():
+            import wandb
+
+            artifact = wandb.Artifact(f"{kind}-{self.wandb.id}-{Path(path).name.split('.')[0]}", type=kind)
+            artifact.add_file(str(path))
+            self.wandb.log_artifact(artifact)
+
+        self._guarded(f"{kind} artifact", upload)
+
     def _guarded(self, what: str, call) -> None:
         """W&B is best-effort: a failing call (its helper process gone, say) disables it with one warning;
         the local files carry on."""

@@ -17,6 +17,7 @@ from ablate.config import AblateConfig
 from ablate.console import StepProgress, print_summary
 from ablate.data import DeviceFeeder, build_loader
 from ablate.metrics.meter import Meter
+from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
 from ablate.tracking import Tracker
 
@@ -49,6 +50,8 @@ class Loop:
         self.cfg, self.env, self.strategy, self.feeder = cfg, env, strategy, feeder
         self.meter, self.tracker, self.progress, self.run_dir = meter, tracker, progress, run_dir
         self.resolved = resolved
+        self.profiler = StepProfiler(cfg.metrics.profile_steps, env.device, run_dir, env.rank, env.is_main)
+        self._profile_logged = False
         self.preemption = checkpoint.Preemption(env.world_size)
         self.saved_step: Optional[int] = None
 
@@ -78,13 +81,23 @@ class Loop:
             grad_norm = self.strategy.step(measure_state=step == t.steps)
             self.meter.clock.end("optimizer")
             self.meter.on_step(grad_norm)
+            self.profiler.step()
             row = None
             if step % t.log_every == 0 or step == t.steps:
                 row = self.meter.log_point(step)
+                self.add_profile(row)
                 self.tracker.log(row)
                 self.check_finite(step)
             self.progress.advance(step, row)
             self.between_steps(step)
+
+    def add_profile(self, row: Dict) -> None:
+        """The traced steps' figures join the first log row after the trace is in (and W&B gets the trace)."""
+        if self.profiler.result is None or self._profile_logged:
+            return
+        row.update(self.profiler.figures())
+        self.tracker.add_file(self.profiler.path, "trace")
+        self._profile_logged = True
 
     def last_good(self) -> str:
         return (f"last good checkpoint: {self.run_dir / checkpoint.DIRNAME} (step {self.saved_step})"
@@ -116,6 +129,19 @@ class Loop:
                 "config": {k: v for k, v in self.resolved.items() if k != "hydra"}}
         checkpoint.save(self.run_dir / checkpoint.DIRNAME, self.strategy, step, meta, self.env.is_main)
         self.saved_step = step
+
+
+def profile_notes(profiler, strategy, env) -> Dict[str, str]:
+    """Why an overlap figure is absent, or what it cannot mean here."""
+    figures = profiler.figures()
+    notes = {k: NOT_PROFILED for k, v in figures.items() if v is None and profiler.result is None}
+    if profiler.result is not None and figures["comm_overlap_frac"] is None:
+        notes["comm_overlap_frac"] = "no communication in the traced steps"
+    if strategy.overlap_needs_streams and env.device.type != "cuda":
+        why = ("DeepSpeed's CPU accelerator has no streams: overlap_comm cannot hide communication here (the "
+               "figure is the engine's, on or off, not a result)")
+        notes.update(comm_overlap_frac=why, comm_exposed_s=why)
+    return notes
 
 
 def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
@@ -176,10 +202,11 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         finally:
             progress.close()
             meter.close()
+            loop.profiler.close()
             loop.preemption.restore()
-        summary = meter.summary()
+        summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record()}
         per_rank = distributed.all_gather_object(
-            {"rank": env.rank, "state_bytes": strategy.measured_state,
+            {"rank": env.rank, "state_bytes": strategy.measured_state, "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"]},
             env)
@@ -193,7 +220,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
                 "device": str(env.device),
-                "notes": {**meter.notes, **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
+                "notes": {**meter.notes, **profile_notes(loop.profiler, strategy, env),
+                          **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
                 "sweep": resolved.get("sweep") or {},
             })
             tracker.finish(summary)

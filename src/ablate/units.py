@@ -23,6 +23,8 @@ def unit(metric: str, magnitude: float = 1e9) -> Tuple[str, float]:
         return next(((u, s) for u, s in BYTE_UNITS if abs(magnitude) >= s), ("B", 1.0))
     if "flops_per_token" in metric:
         return "FLOP/token", 1.0
+    if metric.endswith("_s"):
+        return "s", 1.0
     if metric.endswith("_steps"):
         return "steps", 1.0
     if metric.endswith("calls_per_step"):

@@ -92,6 +92,7 @@ class Strategy(ABC):
     comm: CommCounter
     measured_state: Dict[str, int]
     numerics: Dict[str, object]
+    overlap_needs_streams = False    # its overlap of communication relies on device streams (DeepSpeed)
 
     @classmethod
     def check(cls, parallel, precision, has_cuda: bool) -> None:

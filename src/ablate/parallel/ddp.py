@@ -19,8 +19,9 @@ class DDP(TorchStrategy):
         # buffers (the RoPE tables) are identical on every rank: broadcasting them each forward is waste
         no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
                           inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+        buckets = {"bucket_cap_mb": parallel.bucket_cap_mb} if parallel.bucket_cap_mb else {}
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      **no_buffer_sync)
+                                      **no_buffer_sync, **buckets)
         super().__init__(ddp, train, precision, device)
         self.no_sync = parallel.no_sync
         ddp.register_comm_hook(None, counting_allreduce_hook(self.comm))

@@ -87,6 +87,8 @@ def deepspeed_loss_scale(optimizer) -> Optional[float]:
 class Zero(Strategy):
     """The Strategy interface over a DeepSpeed engine (it owns backward, accumulation and the step)."""
 
+    overlap_needs_streams = True
+
     def __init__(self, model, parallel: ParallelConfig, train: TrainConfig, precision, device, world_size: int):
         self.comm = CommCounter()
         self.counter = CollectiveCounter(self.comm).install()   # before DeepSpeed captures the functions
