@@ -106,6 +106,39 @@ def test_a_preempted_job_resumes_with_every_step_exactly_once(tmp_path):
     assert (tmp_path / "checkpoint/meta.pt").exists()
 
 
+def test_sigterm_to_every_process_of_a_job_with_wandb_on_loses_nothing(tmp_path):
+    """Slurm's SIGTERM reaches every process of the step, W&B's helper too: the run still checkpoints at
+    the next step boundary, no W&B traceback, and the requeued job resumes with every step once."""
+    steps = 40
+    args = [*LOCAL_JOB, "logger=wandb", "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
+            "dataloader.read_latency_ms=80", f"hydra.run.dir={tmp_path}"]
+    result = run_cli([a for a in args if a != "logger=none"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = _job_id(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=TERM", job], check=True)   # to the step's processes, as preemption does
+    while not (tmp_path / "checkpoint" / "meta.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert (tmp_path / "checkpoint" / "meta.pt").exists(), "no checkpoint after SIGTERM"
+    while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    while not (tmp_path / "summary.json").exists() and time.monotonic() < deadline + 240:
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        time.sleep(1)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "slurm").rglob("*_log.*"))
+    assert "Traceback" not in logs, logs[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["step"] for r in read_jsonl(metrics)] == list(range(5, steps + 1, 5))
+    assert 0 < summary["resumed_from_step"] < steps
+
+
 def test_bad_slurm_input_is_refused_before_submitting(tmp_path):
     short = run_cli(["launcher=slurm", "parallel=ddp", "launcher.timeout_min=1", f"hydra.run.dir={tmp_path}/a"])
     assert short.returncode == 2 and "launcher.signal_delay_s=90" in short.stderr

@@ -118,6 +118,7 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
         print(f"dry run: the sbatch script is {path} (nothing submitted)")
         return {"dry_run": str(path)}
     job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
+    job.run_dir = run_dir
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
           + (f", W&B files under {run_dir}/wandb" if uses_wandb(cfg.logger) else ""), flush=True)
     if not cfg.launcher.wait:
@@ -136,9 +137,30 @@ def wait_for(job) -> Optional[Dict]:
         results = job.results()
     except Exception as e:   # submitit re-raises the job's own error with its traceback text
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        print(f"ablate: Slurm job {job.job_id} failed ({job.state}): {lines[-1] if lines else e}", file=sys.stderr)
+        print(f"ablate: Slurm job {job.job_id} failed ({_final_state(job)}): {lines[-1] if lines else e}"
+              f"{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
         raise SystemExit(1) from None
     return results[0]
+
+
+def _final_state(job) -> str:
+    """Accounting lags a second or two behind the end of a job: ask again before naming its state."""
+    for _ in range(10):
+        state = job.state
+        if state not in ("RUNNING", "PENDING", "UNKNOWN", "COMPLETING"):
+            return state
+        time.sleep(0.5)
+    return job.state
+
+
+def _checkpoint_hint(run_dir) -> str:
+    meta = Path(run_dir) / "checkpoint" / "meta.pt" if run_dir else None
+    if not meta or not meta.exists():
+        return ""
+    import torch
+
+    step = torch.load(meta, map_location="cpu", weights_only=True)["step"]
+    return f"; checkpoint at step {step}: resume with train.resume={run_dir}"
 
 
 def _show_new(path: Path, shown: int, final: bool = False) -> int:
