@@ -125,3 +125,37 @@ def test_the_deepspeed_loss_scale_is_read_from_deepspeeds_own_scaler():
 def test_gemm_probe_measures_something():
     rate, seconds = F.gemm_probe(torch.device("cpu"), torch.float32, 128)
     assert rate > 0 and seconds > 0
+
+
+def test_nvml_follows_cuda_visible_devices():
+    from ablate.metrics.nvml import nvml_device
+
+    assert nvml_device(0, visible="") == 0                      # nothing hidden: torch's index is NVML's
+    assert nvml_device(1, visible="3,5") == 5                   # torch's cuda:1 is physical GPU 5
+    assert nvml_device(0, visible="GPU-8d1f-aa,GPU-77") == "GPU-8d1f-aa"   # by UUID
+
+
+def test_more_local_ranks_than_gpus_is_refused_in_one_line():
+    from ablate.config import ConfigError
+    from ablate.distributed import check_ranks_fit_gpus
+
+    check_ranks_fit_gpus(1, 1)
+    with pytest.raises(ConfigError, match="launcher.nproc_per_node=2: this machine has 1 GPU"):
+        check_ranks_fit_gpus(2, 1)
+
+
+def test_the_deepspeed_config_for_optimizer_offload_keeps_a_torch_adamw():
+    from ablate.config import ParallelConfig, PrecisionConfig, TrainConfig
+    from ablate.parallel.zero import ds_config
+
+    cfg = ds_config(ParallelConfig(name="zero2", offload_optimizer=True), TrainConfig(), PrecisionConfig(), 2)
+    assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert cfg["zero_force_ds_cpu_optimizer"] is False       # DeepSpeed 0.19 raises for a torch optimizer otherwise
+    assert cfg["bf16"] == {"enabled": False} and cfg["fp16"] == {"enabled": False}
+
+
+def test_variants_without_a_row_never_borrow_another_parts_peak():
+    for name in ("NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GB200"):
+        with pytest.warns(UserWarning, match="no datasheet peak"):
+            assert F.datasheet_peak(name, "bf16") is None
+    assert F.datasheet_peak("NVIDIA H200", "bf16") == 989e12       # the SXM part keeps its row

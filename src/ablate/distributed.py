@@ -39,9 +39,17 @@ def device_type(choice: str) -> str:
     return "cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu"
 
 
+def check_ranks_fit_gpus(local_ranks: int, gpus: int) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): say so before it does."""
+    if local_ranks > gpus:
+        raise ConfigError(f"launcher.nproc_per_node={local_ranks}: this machine has {gpus} GPU(s) and NCCL runs one "
+                          f"rank per GPU; use launcher.nproc_per_node<={gpus}, or train.device=cpu (gloo)")
+
+
 def pick_device(choice: str, local_rank: int) -> torch.device:
     if device_type(choice) == "cuda":
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        check_ranks_fit_gpus(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), torch.cuda.device_count())
+        torch.cuda.set_device(local_rank)
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

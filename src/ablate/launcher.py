@@ -38,6 +38,10 @@ def check_local(cfg: AblateConfig) -> None:
     from ablate.train import check_runnable
 
     kind = device_type(cfg.train.device)
+    if kind == "cuda":
+        from ablate.distributed import check_ranks_fit_gpus
+
+        check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
     check_runnable(cfg, torch.device(kind))
     guards.check_memory(cfg, kind)
 
@@ -81,8 +85,8 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     guards.lock(run_dir)
     try:
         _write_config(run_dir, resolved)
-        applied = environment.apply(cfg)
-        return REGISTRY[cfg.launcher.name][1](cfg, resolved, run_dir, choices, applied)
+        with environment.applied(cfg) as applied:
+            return REGISTRY[cfg.launcher.name][1](cfg, resolved, run_dir, choices, applied)
     finally:
         guards.release(run_dir)
 

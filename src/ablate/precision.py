@@ -65,7 +65,7 @@ def check_hardware(cfg: PrecisionConfig, device: torch.device) -> None:
     if device.type != "cuda":
         raise ConfigError("precision=fp8: needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); "
                           f"this run has no CUDA device. Valid here: {valid}")
-    cap = torch.cuda.get_device_capability(device)
+    cap = compute_capability(device.index or 0)
     if cap < FP8_MIN_CAPABILITY:
         raise ConfigError(f"precision=fp8: needs compute capability >= 8.9, this GPU has {cap[0]}.{cap[1]}. "
                           f"Valid here: {valid}")
@@ -73,6 +73,26 @@ def check_hardware(cfg: PrecisionConfig, device: torch.device) -> None:
         import torchao.float8  # noqa: F401
     except ImportError:
         raise ConfigError("precision=fp8: needs torchao (pip install torchao)") from None
+
+
+def compute_capability(index: int):
+    """(major, minor) from NVML, which does not start CUDA: a preflight that started it would fix the
+    allocator settings before the allocator group is applied. torch's answer when NVML is missing."""
+    try:
+        import pynvml
+
+        from ablate.metrics.nvml import nvml_device
+
+        pynvml.nvmlInit()
+        try:
+            device = nvml_device(index)
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int)
+                      else pynvml.nvmlDeviceGetHandleByUUID(device))
+            return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return torch.cuda.get_device_capability(index)
 
 
 class Precision:

@@ -54,7 +54,7 @@ def record(device: torch.device) -> Dict[str, object]:
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {"git_commit": commit, "git_dirty": bool(dirty) if dirty is not None else None,
-            "hostname": socket.gethostname(), "cpu_model": cpu_model(), "cpu_cores": os.cpu_count(),
+            "hostname": socket.gethostname(), "pid": os.getpid(), "cpu_model": cpu_model(), "cpu_cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cuda": torch.version.cuda, **gpu_facts(device)}
 
 

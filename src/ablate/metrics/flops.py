@@ -40,9 +40,17 @@ PEAK_TFLOPS = {
 }
 
 
+# Parts that share a family name with a row above but run at other clocks and power (H100/H200 NVL,
+# GB200, GH200): their datasheet rows are not in this table, so they get none rather than the SXM/B200
+# row, which would read their MFU ~15% low. Set metrics.peak_tflops for them.
+OTHER_VARIANTS = ("NVL", "GB200", "GH200")
+
+
 def device_family(device_name: str) -> Optional[str]:
     """Datasheet row for a torch.cuda.get_device_name() string, or None if unknown."""
     name = device_name.upper()
+    if any(v in name for v in OTHER_VARIANTS):
+        return None
     if "H100" in name:
         return "H100 PCIe" if "PCIE" in name else "H100 SXM"   # "NVIDIA H100 80GB HBM3" is the SXM part
     for family in ("A100", "H200", "B200"):
@@ -122,4 +130,8 @@ def gemm_probe(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 
             torch.cuda.synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+    del a, b
+    if device.type == "cuda":   # the probe's buffers must not count as the run's memory or fragmentation
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     return 2 * n**3 / statistics.median(times), time.perf_counter() - started

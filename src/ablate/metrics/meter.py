@@ -94,6 +94,10 @@ class Meter:
         synchronize(self.device)
         self._mark()
         self.clock.take()
+        if self.nvml:
+            self.nvml.reset()        # utilisation of the measured steps only, not of warm-up or compile
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)   # peaks of the measured steps only
         self.measuring = True
 
     # -- at log steps -----------------------------------------------------------------------------
@@ -206,4 +210,6 @@ class Meter:
 
     def close(self) -> None:
         if self.nvml:
+            if self.nvml.reason and not self.util_samples:
+                self.notes["gpu_util"] = self.nvml.reason
             self.nvml.close()

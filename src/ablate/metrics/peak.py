@@ -83,7 +83,8 @@ class Peak:
         if cfg.metrics.gemm_probe:
             n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
             self.probe = measured_peak(device, self.device_name, spec.probe_dtype, n, cfg.metrics.peak_cache)
-            self.measured = self.probe["flops"]
+            # the probe multiplies in bf16: it is no fp8 peak (an fp8 MFU against it would read ~2x high)
+            self.measured = None if spec.fp8_matmuls else self.probe["flops"]
         override = cfg.metrics.peak_tflops * 1e12 if cfg.metrics.peak_tflops else None
         self.value, self.source = next(((v, s) for v, s in ((override, "override"), (self.datasheet, "datasheet"),
                                                            (self.measured, "measured")) if v), (None, None))

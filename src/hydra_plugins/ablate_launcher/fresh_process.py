@@ -1,0 +1,67 @@
+"""hydra/launcher=ablate_fresh (ablate's default for -m): every job of a multirun in a fresh process.
+
+PyTorch reads the allocator settings once per process, and the allocator/NCCL groups set process
+environment variables: jobs run one after another in one process (Hydra's basic launcher) would carry the
+first job's allocator, CUDA cache and environment into the next. Here each job is `python -m ablate
+<its overrides> hydra.mode=RUN hydra.run.dir=<its sweep subdir>`, so every arm starts clean. The parent
+validated the whole grid first; the first failing job stops the sweep with its own one-line error.
+(No `from __future__ import annotations` here: Hydra loads plugins without registering the module, and
+dataclasses with string annotations look the module up.)
+"""
+
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FreshProcessLauncherConf:
+    _target_: str = "hydra_plugins.ablate_launcher.fresh_process.FreshProcessLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="ablate_fresh", node=FreshProcessLauncherConf,
+                             provider="ablate")
+
+
+class FreshProcessLauncher(Launcher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context = config, hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(job_overrides)} jobs, each in a fresh process")
+        runs: List[JobReturn] = []
+        for idx, overrides in enumerate(job_overrides, initial_job_idx):
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
+            run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
+            # the directory quoted: Hydra's override_dirname holds '=' and ','
+            command = [sys.executable, "-m", "ablate", *overrides, "hydra.mode=RUN", f"hydra.run.dir='{run_dir}'"]
+            code = subprocess.call(command, env={**os.environ, "ABLATE_PREFLIGHT_DONE": "1"})
+            if code != 0:   # the job printed its own error line; stop as Hydra's basic launcher does
+                raise SystemExit(code)
+            runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
+                                  working_dir=str(run_dir), task_name=str(sweep_config.hydra.job.name),
+                                  status=JobStatus.COMPLETED, _return_value=None))
+        return runs
