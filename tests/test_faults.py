@@ -185,3 +185,22 @@ def test_killing_wandbs_helper_never_stops_training(tmp_path):
     assert helpers.stdout.split(), "no wandb-core helper found to kill"
     assert "W&B stopped" in stderr and "Traceback" not in stderr
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] == 60
+
+
+@pytest.mark.slow
+def test_a_damaged_sharded_checkpoint_names_the_real_error(tmp_path):
+    """zero3 on 2 ranks, a model shard gone from both checkpoints: one line with DeepSpeed's own error."""
+    args = [*FAST, "parallel=zero3", "launcher.nproc_per_node=2"]
+    first = run_cli([*args, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}/a"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    shards = list((tmp_path / "a").glob("checkpoint*/deepspeed/latest/*model_states.pt"))
+    assert shards
+    for shard in shards:
+        shard.unlink()
+    result = run_cli([*args, "train.steps=8", f"train.resume={tmp_path}/a", f"hydra.run.dir={tmp_path}/b"])
+    assert result.returncode != 0
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("ablate: rank")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "cannot be read (AssertionError at " in errors[0]          # where DeepSpeed's bare assert fired
+    assert "To enable traceback" not in result.stderr and "Traceback" not in result.stderr
+    assert len([ln for ln in result.stderr.splitlines() if "resuming from" in ln]) <= 1   # said once, not per rank

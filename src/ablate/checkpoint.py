@@ -93,6 +93,18 @@ def read_meta(path: Path) -> Dict:
         raise
 
 
+def describe(e: BaseException) -> str:
+    """An exception as one short phrase; a bare one (`AssertionError:`) says where it was raised."""
+    import traceback
+
+    text = (str(e).strip().splitlines() or [""])[-1][:200]
+    if text:
+        return f"{type(e).__name__}: {text}"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+    return f"{type(e).__name__}{where}"
+
+
 def load(path: Path, strategy) -> Dict:
     """Restore `path`; when it cannot be read, the previous checkpoint beside it (said in one line)."""
     candidates: List[Path] = [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
@@ -106,12 +118,11 @@ def load(path: Path, strategy) -> Dict:
             raise
         except Exception as e:
             if i + 1 < len(candidates) and (candidates[i + 1] / "meta.pt").is_file():
-                print(f"ablate: warning: checkpoint {candidate} cannot be read ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}); resuming from {candidates[i + 1]}",
-                      file=sys.stderr)
+                if not dist.is_initialized() or dist.get_rank() == 0:
+                    print(f"ablate: warning: checkpoint {candidate} cannot be read ({describe(e)}); resuming "
+                          f"from {candidates[i + 1]}", file=sys.stderr)
                 continue
-            raise ConfigError(f"train.resume: checkpoint {candidate} cannot be read ({type(e).__name__}: "
-                              f"{(str(e).strip().splitlines() or [''])[-1][:200]})") from None
+            raise ConfigError(f"train.resume: checkpoint {candidate} cannot be read ({describe(e)})") from None
         torch.set_rng_state(meta["rng"])
         if meta.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(meta["cuda_rng"])

@@ -7,6 +7,7 @@ runs under an external `torchrun` or `srun` (distributed.py reads their variable
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -28,6 +29,11 @@ def _write_config(run_dir: Path, resolved: Dict) -> None:
 def _already_a_rank() -> bool:
     """Started by torchrun, srun (several tasks) or our own launcher: train here, spawn nothing."""
     return "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def _job_rank() -> int:
+    """This process's global rank when started as one task of several (torchrun, srun), else 0."""
+    return int(os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if _already_a_rank() else None) or 0)
 
 
 def check_local(cfg: AblateConfig) -> None:
@@ -81,8 +87,10 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     """Write the run's config, apply the allocator/NCCL environment (in the submitting process too: the
     sbatch script exports it), then start the ranks where `launcher=` says. A directory that already holds
     a run, or that another live run writes into, is refused (guards.py)."""
-    guards.check_fresh(run_dir, cfg.train.resume)
-    guards.lock(run_dir)
+    owner = _job_rank() == 0     # several tasks of one job (srun, torchrun) share the directory: rank 0 owns it
+    if owner:
+        guards.check_fresh(run_dir, cfg.train.resume)
+        guards.lock(run_dir)
     try:
         _write_config(run_dir, resolved)
         with environment.applied(cfg) as applied:
@@ -108,6 +116,8 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.5, start_method="spawn")
+    # torch elastic logs each failed rank's whole traceback; ablate prints the root cause in one line below
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except ChildFailedError as e:
