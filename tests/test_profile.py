@@ -21,21 +21,25 @@ def profiled(tmp_path: Path, name: str, *extra) -> dict:
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
-def rank_mean(summary: dict, key: str) -> float:
-    return sum(r[key] for r in summary["per_rank"]) / len(summary["per_rank"])
+def last_to_arrive(summary: dict, key: str) -> float:
+    """The rank that reaches each all-reduce last waits for nobody: its exposed time is the transfer itself.
+    The other rank's figure adds its wait for the slower peer, which on two shared cores is as large as the
+    effect (it made a rank mean flip once in CI)."""
+    return min(r[key] for r in summary["per_rank"])
 
 
 def test_no_sync_exposes_less_communication_than_syncing_every_micro_step(tmp_path):
-    synced = profiled(tmp_path, "sync", "train.grad_accum=4", "parallel.no_sync=false")
-    deferred = profiled(tmp_path, "nosync", "train.grad_accum=4", "parallel.no_sync=true")
+    synced = profiled(tmp_path, "sync", "train.grad_accum=8", "parallel.no_sync=false")
+    deferred = profiled(tmp_path, "nosync", "train.grad_accum=8", "parallel.no_sync=true")
     for s, name in ((synced, "sync"), (deferred, "nosync")):
         assert sorted(p.name for p in (tmp_path / name / "traces").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
         assert s["comm_exposed_s"] is not None and 0 <= s["comm_overlap_frac"] <= 1
         assert [st["step"] for st in s["profile"]["steps"]] == [3, 4]       # the training steps asked for
         logged = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "comm_exposed_s" in r]
         assert len(logged) == 1                                           # the figures joined one log row
-    # measured here: ~0.32 s vs ~0.10-0.14 s per step (rank means); four all-reduces against one
-    assert rank_mean(deferred, "comm_exposed_s") < rank_mean(synced, "comm_exposed_s")
+    # measured here: 0.45-0.51 s vs 0.026-0.037 s per step for the last-arriving rank; eight all-reduces
+    # against one (rank means 0.51-0.60 vs 0.11-0.30 s: they carry the early rank's wait for its peer)
+    assert last_to_arrive(deferred, "comm_exposed_s") < last_to_arrive(synced, "comm_exposed_s")
 
 
 def test_small_buckets_overlap_more_than_one_huge_bucket(tmp_path):
