@@ -112,11 +112,11 @@ class Loop:
                                         f"gradient norm (train.max_nonfinite_steps={limit}); {self.last_good()}")
 
     def between_steps(self, step: int) -> None:
-        every = self.cfg.train.checkpoint_every
-        if self.preemption.due():
+        every, last = self.cfg.train.checkpoint_every, self.cfg.train.steps
+        if step < last and self.preemption.due():   # at the last step the run simply finishes
             self.save(step)
             raise checkpoint.Preempted(self.preemption.signum, step)
-        if every and (step % every == 0 or step == self.cfg.train.steps):
+        if every and (step % every == 0 or step == last):
             self.save(step)
 
     def save(self, step: int) -> None:
