@@ -81,18 +81,24 @@ def _job_id(run_dir: Path) -> str:
     raise AssertionError("no job folder")
 
 
+def submit_and_wait_for_metrics(job_args, steps: int, run_dir: Path):
+    """Submit a slow job without waiting, then wait until it has logged: (job id, metrics file, deadline)."""
+    result = run_cli([*job_args, "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
+                      "dataloader.read_latency_ms=80", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = _job_id(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    return job, metrics, deadline
+
+
 def test_a_preempted_job_resumes_with_every_step_exactly_once(tmp_path):
     """The time-limit warning (USR2, what --signal sends before the limit) mid-run: checkpoint, requeue,
     resume, and each logged step exactly once."""
     steps = 60
-    result = run_cli([*LOCAL_JOB, "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
-                      "dataloader.read_latency_ms=80", f"hydra.run.dir={tmp_path}"], timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    job = _job_id(tmp_path)
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
-        time.sleep(0.3)
+    job, metrics, deadline = submit_and_wait_for_metrics(LOCAL_JOB, steps, tmp_path)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     while not (tmp_path / "summary.json").exists() and time.monotonic() < deadline + 240:
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
@@ -110,15 +116,8 @@ def test_sigterm_to_every_process_of_a_job_with_wandb_on_loses_nothing(tmp_path)
     """Slurm's SIGTERM reaches every process of the step, W&B's helper too: the run still checkpoints at
     the next step boundary, no W&B traceback, and the requeued job resumes with every step once."""
     steps = 40
-    args = [*LOCAL_JOB, "logger=wandb", "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
-            "dataloader.read_latency_ms=80", f"hydra.run.dir={tmp_path}"]
-    result = run_cli([a for a in args if a != "logger=none"], timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    job = _job_id(tmp_path)
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
-        time.sleep(0.3)
+    with_wandb = [a for a in LOCAL_JOB if a != "logger=none"] + ["logger=wandb"]
+    job, metrics, deadline = submit_and_wait_for_metrics(with_wandb, steps, tmp_path)
     subprocess.run(["scancel", "--signal=TERM", job], check=True)   # to the step's processes, as preemption does
     while not (tmp_path / "checkpoint" / "meta.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.3)
