@@ -49,7 +49,12 @@ def test_summary_has_every_figure_or_says_why_not(tmp_path, fast):
             assert summary["notes"].get(key), f"{key} is null without a reason"
     assert summary["comm_bytes_per_step"] == 0 and summary["comm_calls_per_step"] == 0   # one process
     if not torch.cuda.is_available():
-        assert summary["peak_flops_source"] == "measured" and 0 < summary["mfu"] < 1.5
+        assert summary["peak_flops_source"] == "measured"
+        # a peak probed while the machine was busy can read below the run's rate: MFU > 1 is then marked invalid
+        if summary["mfu"] is None:
+            assert "impossible" in summary["invalid"]["mfu"]["reason"]
+        else:
+            assert 0 < summary["mfu"] <= 1
         assert summary["fragmentation"] is None and "CUDA" in summary["notes"]["fragmentation"]
         assert summary["env"]["allocator"]["applicable"] is False
     assert summary["state_bytes"]["optimizer"] == 2 * summary["state_bytes"]["params"] + 4 * 21  # Adam m, v + steps

@@ -153,7 +153,10 @@ def _message(failure) -> str:
 def _root_cause_first(failures):
     """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
     the consequence of a peer going away."""
-    def key(kv):
-        return kv[1].timestamp, any(c in _message(kv[1]) for c in CONSEQUENCES), kv[0]
+    def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence
+        failure, message = kv[1], _message(kv[1])
+        consequence = (failure.exitcode < 0 or message.startswith("the process ended")
+                       or any(c in message for c in CONSEQUENCES))
+        return consequence, failure.timestamp, kv[0]
 
     return sorted(failures.items(), key=key)
