@@ -27,3 +27,102 @@ def test_the_dry_run_needs_no_slurm_installed(tmp_path):
                      env={"PATH": "/nonexistent"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "#SBATCH --nodes=8" in (tmp_path / "sbatch.sh").read_text()
+
+
+# ------------------------------------------------------------------ scale on paper: Slurm's variables -> ranks
+SLURM_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _rank_env(monkeypatch, nodelist, nodes, per_node, node, local, job_id="4242"):
+    """What every task of an sbatch job with --nodes=N --ntasks-per-node=T sees (Slurm's own variables),
+    turned into torch's by the code each task runs (distributed._export_slurm_env)."""
+    import os
+
+    from ablate import distributed
+
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)   # as under a plain srun
+    for key in SLURM_VARS + ("GROUP_RANK",):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": nodes,
+                       "SLURM_NTASKS": nodes * per_node, "SLURM_NTASKS_PER_NODE": per_node, "SLURM_NODEID": node,
+                       "SLURM_LOCALID": local, "SLURM_PROCID": node * per_node + local}.items():
+        monkeypatch.setenv(key, str(value))
+    distributed._export_slurm_env()
+    os.environ.pop("SUBMITIT_EXECUTOR", None)   # set by the export (see there): leave no trace for other tests
+    env = {k: os.environ[k] for k in SLURM_VARS}
+    place = distributed.place(distributed.DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])))
+    for key in SLURM_VARS:
+        monkeypatch.delenv(key)
+    return env, place
+
+
+def test_every_rank_of_the_8_by_8_job_gets_its_place(monkeypatch):
+    seen = set()
+    for node in range(8):
+        for local in range(8):
+            env, place = _rank_env(monkeypatch, "gpu[001-008]", 8, 8, node, local)
+            assert env["RANK"] == str(node * 8 + local) and env["LOCAL_RANK"] == str(local)
+            assert env["WORLD_SIZE"] == "64" and env["LOCAL_WORLD_SIZE"] == "8"
+            assert env["MASTER_ADDR"] == "gpu001"
+            assert place["node_rank"] == node
+            seen.add((env["RANK"], env["MASTER_PORT"]))
+    assert len(seen) == 64 and len({port for _, port in seen}) == 1   # one rendezvous port for all 64
+    last, _ = _rank_env(monkeypatch, "gpu[001-008]", 8, 8, 7, 7)      # rank 63 on node 8
+    assert (last["RANK"], last["LOCAL_RANK"], last["WORLD_SIZE"]) == ("63", "7", "64")
+
+
+def test_rank_1023_of_a_128_by_8_job_over_two_node_ranges(monkeypatch):
+    env, place = _rank_env(monkeypatch, "a[0001-0064],b[0001-0064]", 128, 8, 127, 7)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1023", "7", "1024")
+    assert env["MASTER_ADDR"] == "a0001" and place["node_rank"] == 127
+    first, _ = _rank_env(monkeypatch, "a[0001-0064],b[0001-0064]", 128, 8, 0, 0)
+    assert first["MASTER_PORT"] == env["MASTER_PORT"]
+
+
+def test_layout_lists_hosts_in_node_order():
+    from ablate.distributed import layout
+
+    places = [{"rank": r, "host": f"n{r // 2 + 1}", "node_rank": r // 2, "local_rank": r % 2} for r in (3, 0, 2, 1)]
+    assert layout(places) == {"hosts": ["n1", "n2"], "nodes": 2, "ranks_by_host": {"n1": [0, 1], "n2": [2, 3]}}
+
+
+# ------------------------------------------------------------------ the cluster check (cluster.py), on real text
+PARTITIONS = (
+    "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=node[1-2] State=UP TotalNodes=2\n"
+    "PartitionName=gpu Default=NO MaxNodes=4 MaxTime=1-00:00:00 Nodes=g[1-8] State=UP TotalNodes=8\n")
+
+
+def _launcher(**kw):
+    from ablate.config import LauncherConfig
+
+    return LauncherConfig(name="slurm", **kw)
+
+
+def test_slurm_times_and_gres_are_read_as_slurm_writes_them():
+    from ablate.cluster import gpu_count, slurm_minutes
+
+    assert [slurm_minutes(t) for t in ("UNLIMITED", "30", "30:00", "04:00:00", "1-00:00:00", "2-12:30:01")] == \
+        [None, 30, 30, 240, 1440, 3631]
+    assert [gpu_count(g) for g in ("(null)", "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:v100:2")] == [0, 8, 8, 6]
+
+
+def test_requests_the_partition_can_never_run_are_named():
+    from ablate.cluster import parse_nodes, parse_partitions, refusal
+
+    parts = parse_partitions(PARTITIONS)
+    debug, gpu = parts["debug"], parts["gpu"]
+    assert debug.default and gpu.max_nodes == 4 and gpu.max_time_min == 1440
+    debug.nodes = parse_nodes("node1|2|10847|(null)\nnode2|2|10847|(null)\n")
+    gpu.nodes = parse_nodes("".join(f"g{i}|96|2000000+|gpu:h100:8(S:0-1)\n" for i in range(1, 9)))
+    fits = dict(nodes=2, nproc_per_node=1, cpus_per_task=1, gpus_per_node=0, mem_gb=None)
+    assert refusal(_launcher(**fits), debug) is None
+    cpus = refusal(_launcher(**{**fits, "nodes": 1, "nproc_per_node": 2, "cpus_per_task": 8}), debug)
+    assert cpus.startswith("launcher.nproc_per_node=2 x launcher.cpus_per_task=8 = 16 CPUs per node") and \
+        "at most 2 CPUs; use launcher.cpus_per_task<=1" in cpus
+    assert "has 2 node(s); use launcher.nodes<=2" in refusal(_launcher(**{**fits, "nodes": 8}), debug)
+    assert "no GPUs (no gpu gres)" in refusal(_launcher(**{**fits, "gpus_per_node": 8}), debug)
+    assert "at most 10 GB" in refusal(_launcher(**{**fits, "mem_gb": 64}), debug)
+    assert refusal(_launcher(nodes=4, nproc_per_node=8, cpus_per_task=8, gpus_per_node=8), gpu) is None
+    assert "at most 4 node(s) per job (MaxNodes)" in refusal(_launcher(nodes=8, nproc_per_node=8, gpus_per_node=8), gpu)
+    long = refusal(_launcher(nodes=4, gpus_per_node=8, timeout_min=2000), gpu)
+    assert long.startswith("launcher.timeout_min=2000") and "MaxTime=1-00:00:00" in long

@@ -220,6 +220,8 @@ class LauncherConfig:
     dry_run: bool = False
     max_restarts: int = 3                # requeues after preemption/time limit
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
+    check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
+    cancel_unrunnable: bool = True       # wait: cancel a job whose pending reason cannot clear by itself
 
     def __post_init__(self):
         _choice("launcher.name", self.name, _registered("launcher"))

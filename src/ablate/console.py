@@ -60,4 +60,6 @@ def print_summary(summary: Dict[str, object]) -> None:
         value = "[red]invalid" if key in invalid else units.fmt(key, summary.get(key))
         table.add_row(key, value, notes.get(key, ""))
     console.print(table)
+    if len(summary.get("hosts") or []) > 1:
+        console.print("ranks: " + ", ".join(f"{host} {ranks}" for host, ranks in summary["ranks_by_host"].items()))
     console.print(f"run dir: {summary.get('run_dir')}")

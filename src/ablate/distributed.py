@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from typing import Dict, List
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ def _export_slurm_env() -> None:
         return
     from submitit.helpers import TorchDistributedEnvironment
 
+    # submitit finds Slurm by this variable, which only its own sbatch scripts export: a plain `srun python
+    # -m ablate` (or an sbatch script of the user's) is a Slurm job all the same
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
@@ -96,6 +100,21 @@ def teardown(clean: bool = True) -> None:
         if clean:
             dist.barrier()
             dist.destroy_process_group()
+
+
+def place(env: DistEnv) -> Dict[str, object]:
+    """Where this rank runs: its host, the node's index in the job (Slurm's SLURM_NODEID, torchrun's
+    GROUP_RANK) and its rank on that node."""
+    node = os.environ.get("SLURM_NODEID") or os.environ.get("GROUP_RANK") or "0"
+    return {"rank": env.rank, "host": socket.gethostname(), "node_rank": int(node), "local_rank": env.local_rank}
+
+
+def layout(places: List[Dict[str, object]]) -> Dict[str, object]:
+    """summary.json's `hosts` (one per node, in node order) and the rank layout: which ranks ran where."""
+    by_host: Dict[str, List[int]] = {}
+    for p in sorted(places, key=lambda p: (p["node_rank"], p["local_rank"])):
+        by_host.setdefault(str(p["host"]), []).append(int(p["rank"]))
+    return {"hosts": list(by_host), "nodes": len(by_host), "ranks_by_host": by_host}
 
 
 def all_gather_object(obj, env: DistEnv):

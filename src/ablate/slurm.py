@@ -10,6 +10,8 @@ the requeued job resumes from <run dir>/checkpoint.pt (train.py).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from typing import Dict, Optional
 import submitit
 from submitit.helpers import Checkpointable
 
+from ablate import cluster
 from ablate.config import AblateConfig, ConfigError, LauncherConfig
 from ablate.tracking import uses_wandb
 
@@ -34,11 +37,14 @@ def check(lc: LauncherConfig) -> None:
     if shutil.which("sbatch") is None:
         raise ConfigError("launcher=slurm: sbatch not found, Slurm is not installed here; start a local "
                           "cluster with slurm/start_local.sh, use launcher.dry_run=true, or launcher=local")
+    if not lc.check_cluster:    # e.g. a submit host that cannot query the controller
+        return
     probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         reason = (probe.stderr.strip().splitlines() or ["no answer"])[-1]
         raise ConfigError(f"launcher=slurm: the Slurm controller does not answer ({reason}); "
                           "start it (slurm/start_local.sh for a local one) or use launcher=local")
+    cluster.check(lc)
 
 
 def export_lines(applied_env: Dict[str, Dict]) -> list:
@@ -117,21 +123,52 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
         path.write_text(sbatch_script(executor))
         print(f"dry run: the sbatch script is {path} (nothing submitted)")
         return {"dry_run": str(path)}
-    job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
+    try:   # submitit prints sbatch's stderr itself: keep it, the one line below says it
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
+        raise ConfigError(f"sbatch refused the job: {_last_line(e)}{_forget(run_dir, cfg.train.resume)}") from None
     job.run_dir = run_dir
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
           + (f", W&B files under {run_dir}/wandb" if uses_wandb(cfg.logger) else ""), flush=True)
     if not cfg.launcher.wait:
         return {"job_id": job.job_id, "run_dir": str(run_dir)}
-    return wait_for(job)
+    return wait_for(job, cfg.launcher.cancel_unrunnable)
 
 
-def wait_for(job) -> Optional[Dict]:
-    """Stream the job's stderr (the progress lines) here until it ends; a failure ends this process."""
-    shown = 0
+def _last_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1].replace("sbatch: error: ", "") if lines else type(e).__name__
+
+
+def _forget(run_dir: Path, resume) -> str:
+    """Nothing ran: remove the run dir this call made (its config, Hydra's files, submitit's folder), so a
+    refused submission leaves nothing behind. A directory holding a run, or being resumed, is kept."""
+    from ablate import guards
+
+    if resume or guards.holds_a_run(run_dir):
+        return ""
+    guards.release(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return f" (nothing ran; {run_dir} removed)"
+
+
+def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
+    """Show the job's state while it waits, then stream its stderr (the progress lines) here until it
+    ends; a failure ends this process. A pending reason that cannot clear ends the wait (cluster.py)."""
+    shown, started, polls = 0, time.monotonic(), 0
+    watch = cluster.QueueWatch(job.job_id, sys.stderr, sys.stderr.isatty())
     while not job.done():
         shown = _show_new(job.paths.stderr, shown)
+        state = cluster.queue_state(job.job_id) if polls % 2 == 0 else None   # squeue every 2 s, not every 1 s
+        polls += 1
+        if state:
+            watch.update(state, time.monotonic() - started)
+            if state[0] == "PENDING" and cluster.unrunnable(state[1]):
+                watch.end_line()
+                _give_up(job, state[1], cancel_unrunnable)
         time.sleep(1)
+    watch.end_line()
     _show_new(job.paths.stderr, shown, final=True)
     try:
         results = job.results()
@@ -141,6 +178,17 @@ def wait_for(job) -> Optional[Dict]:
               f"{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
         raise SystemExit(1) from None
     return results[0]
+
+
+def _give_up(job, reason: str, cancel: bool) -> None:
+    why = f"Slurm job {job.job_id} cannot start: {reason}: {cluster.unrunnable(reason)}"
+    if not cancel:
+        print(f"ablate: {why}; it stays queued (launcher.cancel_unrunnable=false): scancel {job.job_id}",
+              file=sys.stderr)
+        raise SystemExit(1)
+    job.cancel(check=False)
+    run_dir = getattr(job, "run_dir", None)
+    raise ConfigError(f"{why}; cancelled it{_forget(run_dir, None) if run_dir else ''}")
 
 
 def _final_state(job) -> str:

@@ -206,7 +206,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             loop.preemption.restore()
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record()}
         per_rank = distributed.all_gather_object(
-            {"rank": env.rank, "state_bytes": strategy.measured_state, "comm_exposed_s": summary["comm_exposed_s"],
+            {**distributed.place(env), "state_bytes": strategy.measured_state, "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"]},
             env)
@@ -217,7 +217,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "resumed_from_step": start_step,
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
                 **params, "numerics": strategy.numerics,
-                "state_bytes": strategy.measured_state, "per_rank": per_rank, "env": applied_env,
+                "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
+                "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
                 "device": str(env.device),
                 "notes": {**meter.notes, **profile_notes(loop.profiler, strategy, env),
