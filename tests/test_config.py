@@ -95,3 +95,13 @@ def test_every_choice_has_one_implementation_in_its_registry():
         assert sorted(registry) == group_choices(group), group
     for name in parallel.REGISTRY:
         assert parallel.strategy_class(name).plan_bytes   # each strategy predicts its own state
+
+
+def test_long_override_lists_make_folder_names_that_fit():
+    from ablate.config import short_dirname
+
+    assert short_dirname("parallel=ddp,train.seed=0") == "parallel=ddp,train.seed=0"
+    long = ",".join([f"launcher.k{i}=1" for i in range(20)] + ["parallel=ddp", "train.seed=1"])
+    cut = short_dirname(long)
+    assert cut.startswith("parallel=ddp,train.seed=1_") and len(cut) <= 150
+    assert cut != short_dirname(long.replace("seed=1", "seed=2"))

@@ -3,11 +3,12 @@ own slurm/start_local.sh when it is not already up (.ci/run starts and stops it 
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, read_jsonl, run_cli
+import slurm_cluster
+from conftest import read_jsonl, run_cli
+from slurm_cluster import submit_and_wait_for_metrics, wait_releasing_requeue_holds
 
 pytestmark = pytest.mark.slow
 LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
@@ -15,34 +16,18 @@ LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", 
              "logger=none", "metrics.gemm_probe_n=128"]
 
 
-def slurm_up() -> bool:
-    return subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0 if _has("sinfo") else False
-
-
-def _has(cmd) -> bool:
-    import shutil
-
-    return shutil.which(cmd) is not None
-
-
-SYSTEM_PATH = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def local_slurm():
-    """Use the cluster that is up (CI starts one); else start one here and stop it afterwards."""
+    """Use the one-node cluster if it is up (CI starts one); else start one here and stop it afterwards."""
     started_here = False
-    if not slurm_up():
-        started = subprocess.run(["bash", str(REPO / "slurm" / "start_local.sh")],
-                                 env={"SLURM_CI_CPUS": "4", **SYSTEM_PATH}, capture_output=True, text=True,
-                                 timeout=600)
-        if started.returncode != 0:
-            pytest.skip(f"no local Slurm could be started: {started.stdout[-500:]}{started.stderr[-500:]}")
+    if slurm_cluster.nodes_up() != 1:
+        failed = slurm_cluster.start(nodes=1)
+        if failed:
+            pytest.skip(f"no local Slurm could be started: {failed}")
         started_here = True
     yield
     if started_here:
-        subprocess.run(["bash", str(REPO / "slurm" / "stop_local.sh")], env=SYSTEM_PATH, capture_output=True,
-                       timeout=120)
+        slurm_cluster.stop()
 
 
 def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path):
@@ -72,40 +57,13 @@ def test_a_failing_job_shows_its_error_here(tmp_path):
     assert "failed" in result.stderr.splitlines()[-1]
 
 
-def _job_id(run_dir: Path) -> str:
-    for _ in range(100):
-        ids = [p.name for p in (run_dir / "slurm").glob("[0-9]*")]
-        if ids:
-            return ids[0]
-        time.sleep(0.2)
-    raise AssertionError("no job folder")
-
-
-def submit_and_wait_for_metrics(job_args, steps: int, run_dir: Path):
-    """Submit a slow job without waiting, then wait until it has logged: (job id, metrics file, deadline)."""
-    result = run_cli([*job_args, "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
-                      "dataloader.read_latency_ms=80", f"hydra.run.dir={run_dir}"], timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    job = _job_id(run_dir)
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    return job, metrics, deadline
-
-
 def test_a_preempted_job_resumes_with_every_step_exactly_once(tmp_path):
     """The time-limit warning (USR2, what --signal sends before the limit) mid-run: checkpoint, requeue,
     resume, and each logged step exactly once."""
     steps = 60
     job, metrics, deadline = submit_and_wait_for_metrics(LOCAL_JOB, steps, tmp_path)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    while not (tmp_path / "summary.json").exists() and time.monotonic() < deadline + 240:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
-        if state == "PENDING":   # Slurm holds a requeued job ~2 min (BeginTime): release it now
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
-        time.sleep(1)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = wait_releasing_requeue_holds(job, tmp_path, deadline + 240)
     steps_logged = [r["step"] for r in read_jsonl(metrics)]
     assert steps_logged == list(range(5, steps + 1, 5))
     assert 0 < summary["resumed_from_step"] < steps
@@ -159,3 +117,35 @@ def test_hydras_own_submitit_launcher_also_works(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
     assert len(summaries) == 2 and all(s["world_size"] == 2 for s in summaries)
+
+
+def test_a_request_no_node_can_hold_is_refused_before_submitting(tmp_path):
+    """The default 8 CPUs per task, two tasks, on nodes with 4 CPUs: one line, nothing submitted or left."""
+    result = run_cli(["launcher=slurm", "parallel=ddp", "launcher.nodes=1", "launcher.nproc_per_node=2",
+                      "launcher.gpus_per_node=0", f"hydra.run.dir={tmp_path}/run"])
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "launcher.nproc_per_node=2 x launcher.cpus_per_task=8 = 16 CPUs per node" in result.stderr
+    assert "launcher.cpus_per_task<=2" in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_sbatch_refusing_the_job_is_one_line_and_leaves_no_run_dir(tmp_path):
+    """Unchecked, the default 8 GPUs per node reach sbatch, which refuses the gres on a cluster without GPUs."""
+    result = run_cli(["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false", "launcher.nodes=1",
+                      "launcher.nproc_per_node=2", "launcher.cpus_per_task=1", f"hydra.run.dir={tmp_path}/run"])
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "sbatch refused the job: Invalid generic resource (gres) specification" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_job_that_can_never_start_ends_the_wait_and_is_cancelled(tmp_path):
+    """Unchecked, 16 CPUs per node pend with Reason=PartitionConfig forever: the wait shows it and gives up."""
+    result = run_cli(["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false", "launcher.nodes=1",
+                      "launcher.nproc_per_node=2", "launcher.gpus_per_node=0", "launcher.wait=true",
+                      f"hydra.run.dir={tmp_path}/run"], timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "PENDING (PartitionConfig)" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "cannot start: PartitionConfig" in last and "cancelled it" in last
+    job = last.split("Slurm job ")[1].split()[0]
+    state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    assert state in ("", "CANCELLED", "COMPLETING") and not (tmp_path / "run").exists()

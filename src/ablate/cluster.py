@@ -87,8 +87,8 @@ def _query(*cmd: str) -> str:
     done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ConfigError(f"launcher=slurm: `{' '.join(cmd[:3])}` failed ({reason}); start the controller "
-                          "(slurm/start_local.sh for a local one), or skip this check with launcher.check_cluster=false")
+        raise ConfigError(f"launcher=slurm: `{' '.join(cmd[:3])}` failed ({reason}); start the controller (slurm/"
+                          "start_local.sh for a local one), or skip this check with launcher.check_cluster=false")
     return done.stdout
 
 
@@ -114,7 +114,8 @@ def refusal(lc: LauncherConfig, part: Partition) -> Optional[str]:
     if not part.state.upper().startswith("UP"):
         return f"{where} is {part.state}: jobs would wait until an administrator brings it up"
     if lc.nodes > len(part.nodes):
-        return f"launcher.nodes={lc.nodes}: {where} has {len(part.nodes)} node(s); use launcher.nodes<={len(part.nodes)}"
+        have = len(part.nodes)
+        return f"launcher.nodes={lc.nodes}: {where} has {have} node(s); use launcher.nodes<={have}"
     if part.max_nodes is not None and lc.nodes > part.max_nodes:
         return f"launcher.nodes={lc.nodes}: {where} allows at most {part.max_nodes} node(s) per job (MaxNodes)"
     if part.max_time_min is not None and lc.timeout_min > part.max_time_min:

@@ -290,6 +290,19 @@ def register() -> None:
     """Register the schema: conf/config.yaml's defaults list starts from `ablate_schema`, so every group
     file is merged into its typed dataclass (an unknown key or a wrong type fails composition)."""
     ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+    OmegaConf.register_new_resolver("ablate_dirname", short_dirname, replace=True)
+
+
+def short_dirname(overrides: str, limit: int = 150) -> str:
+    """A multirun job's folder name from its overrides (Hydra's override_dirname), cut with a hash of the
+    whole when it is long: a folder name has at most 255 bytes, and a dozen overrides pass that. Where the
+    job runs and what it measures (launcher.*, metrics.*, logger.*) go first, the knobs under study stay."""
+    if len(overrides) <= limit:
+        return overrides
+    import hashlib
+
+    kept = ",".join(o for o in overrides.split(",") if not o.startswith(("launcher.", "metrics.", "logger.")))
+    return f"{kept[:limit - 9]}_{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
 
 
 FREE_FORM = {"sweep", "nccl.env", "launcher.additional_parameters"}   # nodes meant for any keys

@@ -132,6 +132,11 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
 CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker crash", "SIGTERM", "Signals.")
 
 
+def is_consequence(message: str) -> bool:
+    """An error that only says a peer went away: another rank's failure is the root cause."""
+    return any(c in message for c in CONSEQUENCES)
+
+
 def _message(failure) -> str:
     """The failing rank's own exception (torch elastic's error file), with where it was raised when its
     text alone says nothing (a bare `AssertionError:`)."""
@@ -156,7 +161,7 @@ def _root_cause_first(failures):
     def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence
         failure, message = kv[1], _message(kv[1])
         consequence = (failure.exitcode < 0 or message.startswith("the process ended")
-                       or any(c in message for c in CONSEQUENCES))
+                       or is_consequence(message))
         return consequence, failure.timestamp, kv[0]
 
     return sorted(failures.items(), key=key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -172,12 +173,54 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     _show_new(job.paths.stderr, shown, final=True)
     try:
         results = job.results()
-    except Exception as e:   # submitit re-raises the job's own error with its traceback text
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        print(f"ablate: Slurm job {job.job_id} failed ({_final_state(job)}): {lines[-1] if lines else e}"
-              f"{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
+    except Exception:   # submitit re-raises a task's own error with its traceback text
+        rank, host, message = _root_cause(job)
+        state = _final_state(job)
+        print(f"ablate: Slurm job {job.job_id} failed{f' ({state})' if state else ''}: rank {rank} on {host}: "
+              f"{message}{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
         raise SystemExit(1) from None
     return results[0]
+
+
+def _root_cause(job):
+    """(rank, host, last line) of the task whose error is its own: a rank that only lost its peer (gloo's
+    "Connection closed by peer") or left no result is a consequence of another rank's failure."""
+    from ablate.launcher import is_consequence
+
+    failures = []
+    for rank in range(job.num_tasks):
+        task = job.task(rank)
+        error = task.exception()
+        if error is None:
+            continue
+        if isinstance(error, submitit.core.utils.FailedJobError):   # the task's own traceback, between dashes
+            trace = str(error).split("-" * 22)[1] if "-" * 22 in str(error) else str(error)
+            message = _error_line(trace) or type(error).__name__
+            failures.append((is_consequence(message), rank, _task_host(task), message))
+        else:   # killed before it could report (srun stops a step's other tasks when one fails)
+            failures.append((True, rank, _task_host(task), "stopped before reporting an error"))
+    if not failures:
+        return 0, "?", "no task reported an error"
+    _, rank, host, message = min(failures)
+    return rank, host, message
+
+
+def _error_line(trace: str) -> str:
+    """The exception's own line of a traceback ("RuntimeError: ..."): not always the last line (a C++ error
+    raised through pybind ends with its Python stack, "At: ...")."""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b:?", ln)]
+    return (errors or lines or [""])[-1]
+
+
+def _task_host(task) -> str:
+    """The host a task ran on, from submitit's first log line ("Starting with JobEnvironment(... hostname=")."""
+    try:
+        text = Path(task.paths.stdout).read_text(errors="replace")
+    except OSError:
+        return "?"
+    found = re.search(r"JobEnvironment\(.*?hostname=([^,)]+)", text)
+    return found.group(1) if found else "?"
 
 
 def _give_up(job, reason: str, cancel: bool) -> None:
@@ -191,14 +234,15 @@ def _give_up(job, reason: str, cancel: bool) -> None:
     raise ConfigError(f"{why}; cancelled it{_forget(run_dir, None) if run_dir else ''}")
 
 
-def _final_state(job) -> str:
-    """Accounting lags a second or two behind the end of a job: ask again before naming its state."""
-    for _ in range(10):
+def _final_state(job) -> Optional[str]:
+    """Accounting lags a second or two behind the end of a job: ask again before naming its state (None
+    while Slurm still says it runs)."""
+    for _ in range(6):
         state = job.state
         if state not in ("RUNNING", "PENDING", "UNKNOWN", "COMPLETING"):
             return state
         time.sleep(0.5)
-    return job.state
+    return None
 
 
 def _checkpoint_hint(run_dir) -> str:

@@ -206,7 +206,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             loop.preemption.restore()
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record()}
         per_rank = distributed.all_gather_object(
-            {**distributed.place(env), "state_bytes": strategy.measured_state, "comm_exposed_s": summary["comm_exposed_s"],
+            {**distributed.place(env), "state_bytes": strategy.measured_state,
+             "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"]},
             env)

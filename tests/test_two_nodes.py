@@ -1,0 +1,89 @@
+"""On a real two-node Slurm (slurm/start_local.sh --nodes 2: two slurmd, each in its own network and UTS
+namespace, so node1 and node2 are different hosts with their own IP): rendezvous, training, checkpoints,
+preemption, failures and sweeps across hosts. The module switches the machine to the two-node cluster and
+back to what ran before (the one-node cluster in CI)."""
+import json
+import subprocess
+import time
+
+import pytest
+
+import slurm_cluster
+from conftest import read_jsonl, run_cli
+
+pytestmark = pytest.mark.slow
+TWO_NODES = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "launcher.gpus_per_node=0",
+             "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.timeout_min=5", "logger=none",
+             "metrics.gemm_probe_n=128"]
+SHORT = ["train.steps=6", "train.warmup_steps=2", "train.log_every=2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_node_slurm():
+    before = slurm_cluster.nodes_up()
+    if before != 2:
+        failed = slurm_cluster.start(nodes=2)
+        if failed:
+            pytest.skip(f"the two-node local Slurm could not be started: {failed}")
+    yield
+    if before == 1:
+        slurm_cluster.start(nodes=1)
+    elif before == 0:
+        slurm_cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    """The reference: one process, two micro-steps, the same global batch as two ranks of one micro-step."""
+    run_dir = tmp_path_factory.mktemp("single")
+    result = run_cli(["logger=none", "metrics.gemm_probe_n=128", *SHORT, "train.grad_accum=2",
+                      f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "zero3"])
+def test_two_nodes_train_one_rank_each_and_match_one_process(tmp_path, single_process, parallel):
+    result = run_cli([*TWO_NODES, f"parallel={parallel}", *SHORT, "launcher.wait=true", f"hydra.run.dir={tmp_path}"],
+                     timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["hosts"] == ["node1", "node2"] and summary["ranks_by_host"] == {"node1": [0], "node2": [1]}
+    assert [(r["host"], r["node_rank"], r["local_rank"]) for r in summary["per_rank"]] == [("node1", 0, 0),
+                                                                                          ("node2", 1, 0)]
+    losses = [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert losses == pytest.approx(single_process, abs=2e-4), (losses, single_process)
+    # only rank 0 writes the run's files: each step logged once, one summary, no per-rank copies
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [2, 4, 6]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == \
+        ["ablate.log", "config.yaml", "metrics.jsonl", "slurm", "summary.json"]
+
+
+def test_a_preempted_two_node_job_resumes_with_every_step_exactly_once(tmp_path):
+    steps = 60
+    job, metrics, deadline = slurm_cluster.submit_and_wait_for_metrics([*TWO_NODES, "parallel=ddp"], steps, tmp_path)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    summary = slurm_cluster.wait_releasing_requeue_holds(job, tmp_path, deadline + 240)
+    assert [r["step"] for r in read_jsonl(metrics)] == list(range(5, steps + 1, 5))
+    assert 0 < summary["resumed_from_step"] < steps and summary["hosts"] == ["node1", "node2"]
+
+
+def test_a_failure_on_node2_ends_the_job_and_shows_node2s_error_here(tmp_path):
+    started = time.monotonic()
+    result = run_cli([*TWO_NODES, "parallel=ddp", "launcher.wait=true", "train.steps=200", "train.log_every=5",
+                      "dataloader.read_latency_ms=20", f"hydra.run.dir={tmp_path}"],
+                     env={"ABLATE_INJECT_FAILURE": "1:3"}, timeout=300)
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "injected failure on rank 1 at step 3" in last and "node2" in last, result.stderr[-3000:]
+    assert took < 90, took     # 200 steps at 20 ms of reads each would take far longer
+
+
+def test_a_two_point_sweep_runs_each_point_on_two_nodes(tmp_path):
+    result = run_cli(["-m", *TWO_NODES, "parallel=ddp", *SHORT, "launcher.wait=true", "train.seed=0,1",
+                      f"hydra.sweep.dir={tmp_path}"], timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
+    assert len(summaries) == 2 and all(s["hosts"] == ["node1", "node2"] for s in summaries)
+    assert len({s["loss"] for s in summaries}) == 2
