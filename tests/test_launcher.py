@@ -15,6 +15,17 @@ def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path):
     assert not (tmp_path / "slurm").exists()   # nothing submitted
 
 
+def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path):
+    result = run_cli(["-m", "launcher=slurm", "launcher.dry_run=true", "parallel=ddp", "train.seed=0,1,2",
+                      "launcher.array_parallelism=2", f"hydra.sweep.dir={tmp_path}"], env={"PATH": "/nonexistent"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    script = (tmp_path / "sbatch_array.sh").read_text()
+    assert "#SBATCH --array=0-2%2" in script and "#SBATCH --nodes=8" in script
+    assert "%A_%a" in script                                  # each task its own log folder
+    assert len(list(tmp_path.glob("*/config.yaml"))) == 3     # and its own run dir
+    assert not (tmp_path / "slurm").exists()                  # nothing submitted
+
+
 def test_slurm_missing_is_one_line(tmp_path):
     result = run_cli(["launcher=slurm", "parallel=ddp", f"hydra.run.dir={tmp_path}/run"], env={"PATH": "/nonexistent"})
     assert result.returncode == 2

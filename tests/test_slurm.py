@@ -43,6 +43,7 @@ def test_a_two_point_sweep_runs_through_slurm(tmp_path):
     result = run_cli(["-m", *LOCAL_JOB, "launcher.wait=true", "train.steps=6", "train.seed=0,1",
                       f"hydra.sweep.dir={tmp_path}"], timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "submitted Slurm job array" in result.stdout and "2 tasks" in result.stdout   # one array, not two jobs
     summaries = sorted(tmp_path.glob("*/summary.json"))
     assert len(summaries) == 2
     losses = {json.loads(p.read_text())["loss"] for p in summaries}

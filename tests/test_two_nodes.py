@@ -84,6 +84,7 @@ def test_a_two_point_sweep_runs_each_point_on_two_nodes(tmp_path):
     result = run_cli(["-m", *TWO_NODES, "parallel=ddp", *SHORT, "launcher.wait=true", "train.seed=0,1",
                       f"hydra.sweep.dir={tmp_path}"], timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "submitted Slurm job array" in result.stdout
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
     assert len(summaries) == 2 and all(s["hosts"] == ["node1", "node2"] for s in summaries)
     assert len({s["loss"] for s in summaries}) == 2

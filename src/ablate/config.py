@@ -222,6 +222,7 @@ class LauncherConfig:
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
     check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
     cancel_unrunnable: bool = True       # wait: cancel a job whose pending reason cannot clear by itself
+    array_parallelism: Optional[int] = None   # -m sweeps go as one job array: at most this many tasks at once
 
     def __post_init__(self):
         _choice("launcher.name", self.name, _registered("launcher"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -118,6 +119,12 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     check(cfg.launcher)
     folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()
     params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
+    train = SlurmTrain(cfg, resolved, run_dir.resolve(), choices)
+    array_file = os.environ.pop("ABLATE_SLURM_ARRAY", None)
+    if array_file:   # one point of a sweep: the sweep's launcher submits all points as one job array
+        from ablate import slurm_array
+
+        return slurm_array.queue(Path(array_file), train, params)
     executor = make_executor(cfg, folder, params)
     if cfg.launcher.dry_run:
         path = run_dir / "sbatch.sh"
@@ -126,7 +133,7 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
         return {"dry_run": str(path)}
     try:   # submitit prints sbatch's stderr itself: keep it, the one line below says it
         with contextlib.redirect_stderr(io.StringIO()):
-            job = executor.submit(SlurmTrain(cfg, resolved, run_dir.resolve(), choices))
+            job = executor.submit(train)
     except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
         raise ConfigError(f"sbatch refused the job: {_last_line(e)}{_forget(run_dir, cfg.train.resume)}") from None
     job.run_dir = run_dir

@@ -5,6 +5,8 @@ environment variables: jobs run one after another in one process (Hydra's basic 
 first job's allocator, CUDA cache and environment into the next. Here each job is `python -m ablate
 <its overrides> hydra.mode=RUN hydra.run.dir=<its sweep subdir>`, so every arm starts clean. The parent
 validated the whole grid first; the first failing job stops the sweep with its own one-line error.
+With launcher=slurm each job only prepares its run dir and what it would submit; the sweep then goes to
+Slurm as one job array (ablate/slurm_array.py).
 (No `from __future__ import annotations` here: Hydra loads plugins without registering the module, and
 dataclasses with string annotations look the module up.)
 """
@@ -50,6 +52,7 @@ class FreshProcessLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         log.info(f"Launching {len(job_overrides)} jobs, each in a fresh process")
         runs: List[JobReturn] = []
+        array_points: List[Path] = []
         for idx, overrides in enumerate(job_overrides, initial_job_idx):
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -58,10 +61,27 @@ class FreshProcessLauncher(Launcher):
             run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
             # the directory quoted: Hydra's override_dirname holds '=' and ','
             command = [sys.executable, "-m", "ablate", *overrides, "hydra.mode=RUN", f"hydra.run.dir='{run_dir}'"]
-            code = subprocess.call(command, env={**os.environ, "ABLATE_PREFLIGHT_DONE": "1"})
+            env = {**os.environ, "ABLATE_PREFLIGHT_DONE": "1"}
+            if sweep_config.launcher.name == "slurm":   # this point becomes a task of the sweep's job array
+                array_points.append(Path(str(sweep_config.hydra.sweep.dir)) / ".slurm_array" / f"{idx}.pkl")
+                env["ABLATE_SLURM_ARRAY"] = str(array_points[-1])
+            code = subprocess.call(command, env=env)
             if code != 0:   # the job printed its own error line; stop as Hydra's basic launcher does
                 raise SystemExit(code)
             runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
                                   working_dir=str(run_dir), task_name=str(sweep_config.hydra.job.name),
                                   status=JobStatus.COMPLETED, _return_value=None))
+        if array_points:
+            submit_array(array_points, Path(str(self.config.hydra.sweep.dir)))
         return runs
+
+
+def submit_array(points: List[Path], sweep_dir: Path) -> None:
+    from ablate import slurm_array
+    from ablate.cli import fail
+    from ablate.config import ConfigError
+
+    try:
+        slurm_array.submit(points, sweep_dir)
+    except ConfigError as e:
+        fail(str(e))
