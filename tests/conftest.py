@@ -52,6 +52,13 @@ def run_cli(args: List[str], cwd: Path = REPO, timeout: int = 600, env: Dict[str
                           text=True, timeout=timeout)
 
 
+def run_module(module: str, args: List[str], timeout: int = 600, env: Dict[str, str] = None):
+    """`python -m MODULE ARGS` (ablate.maxbatch, ablate.sweeps, ...) in a real subprocess."""
+    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def read_jsonl(path: Path) -> List[Dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
