@@ -66,7 +66,7 @@ class Trials:
         self.log: List[Dict[str, object]] = []
 
     def __call__(self, batch: int) -> bool:
-        trial_dir = self.run_dir / "trials" / f"batch_{batch:05d}"
+        trial_dir = self.run_dir / "max_batch_trials" / f"batch_{batch:05d}"
         command = [sys.executable, "-m", "ablate", *self.overrides, f"train.batch_size={batch}",
                    "train.global_batch_size=null", f"train.steps={self.steps}", "train.warmup_steps=1",
                    "train.checkpoint_every=0", "metrics.gemm_probe=false", "logger=none",

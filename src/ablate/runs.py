@@ -18,6 +18,11 @@ NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics
               "launcher.wait", "launcher.dry_run")
 
 
+# folders inside a run that hold config.yaml files of their own: a checkpoint, a run's batch search
+# (sweeps.batch_search) and that search's trials
+NOT_A_RUN = {"checkpoint", "max_batch", "max_batch_trials"}
+
+
 @dataclass
 class Run:
     path: Path
@@ -104,7 +109,7 @@ def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
     for d in dirs:
         for config_path in sorted(Path(d).rglob("config.yaml")):
             run_dir = config_path.parent
-            if run_dir.name == ".hydra" or "checkpoint" in run_dir.parts:
+            if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN:
                 continue
             summary_path = run_dir / "summary.json"
             if summary_path.exists():

@@ -10,6 +10,7 @@ run of the call shares one measured peak (metrics.peak_cache), so MFU has one de
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -18,7 +19,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import yaml
 
@@ -109,6 +110,8 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None) -> List[str]:
         t0 = time.monotonic()
         result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **(extra_env or {})})
+        if result.returncode == 0 and load(name).get("sweep", {}).get("batch_search"):
+            result = batch_search(load(name)["sweep"]["batch_search"], combo, r, run_dir, extra_env)
         took = time.monotonic() - t0
         eta = (time.monotonic() - started) / i * (len(runs) - i)
         status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
@@ -118,6 +121,30 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None) -> List[str]:
             last = [ln for ln in result.stderr.strip().splitlines() if ln.strip()][-1:]
             print(f"    {last[0] if last else 'no error output'} (run dir {run_dir})", file=sys.stderr, flush=True)
     return failed
+
+
+def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, extra_env=None):
+    """A sweep's `batch_search` (C5's "batch x4"): the largest batch that fits under this arm's config, found
+    by `python -m ablate.maxbatch` in <run dir>/max_batch, and written into the run's summary as `max_batch`.
+    On a GPU an out-of-memory error decides; on a CPU the spec's `cpu_mem_budget_gb` (peak RSS) does."""
+    on_cpu = not str(json.loads((run_dir / "summary.json").read_text()).get("device", "cpu")).startswith("cuda")
+    spec = {k: v for k, v in spec.items() if v is not None and k != "cpu_mem_budget_gb"} | (
+        {"mem_budget_gb": spec["cpu_mem_budget_gb"]} if on_cpu and spec.get("cpu_mem_budget_gb") else {})
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in spec.items()]
+    search_dir = run_dir / "max_batch"
+    cmd = [sys.executable, "-m", "ablate.maxbatch", *options, "--", *combo, "hydra.mode=RUN",
+           f"hydra.run.dir={search_dir}", f"sweep.repeat={repeat}"]
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(extra_env or {})})
+    if result.returncode == 0:
+        found = json.loads((search_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        summary["max_batch"] = found["max_batch"]
+        summary["max_batch_search"] = {k: found[k] for k in ("fit_rule", "figure", "search", "limit_reached")}
+        summary["max_batch_search"].update(dir=str(search_dir), trials=len(found["trials"]))
+        summary.setdefault("notes", {}).update(found.get("notes") or {})
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return result
 
 
 def main(argv: List[str] = None) -> int:
