@@ -183,3 +183,13 @@ def test_c5_records_each_arms_largest_batch_and_says_why_a_cpu_cannot_judge_it(t
     rows = {r["metric"]: r for r in csv.DictReader((tmp_path / "report.csv").open())}
     assert rows["max_batch"]["verdict"] == "not measurable here"
     assert "not the CUDA caching allocator" in rows["max_batch"]["reason"]
+
+
+@pytest.mark.slow
+def test_a_run_past_its_timeout_is_killed_named_and_the_sweep_goes_on(tmp_path):
+    result = subprocess_run(["-m", "ablate.sweeps", "aa_noise", "--dir", str(tmp_path), "--run-timeout", "1",
+                             "--", "logger=none"])
+    assert result.returncode != 0
+    assert result.stdout.count("FAILED (exit 124)") == 2          # both arms tried, each killed at 1 s
+    assert "timed out after 1 s (--run-timeout)" in result.stderr
+    assert "aa_noise sweep.arm=a r0; aa_noise sweep.arm=b r0" in result.stderr.splitlines()[-1]

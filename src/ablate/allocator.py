@@ -44,3 +44,31 @@ def apply(cfg: AllocatorConfig) -> Dict[str, object]:
     else:
         record["applicable"] = True
     return record
+
+
+def segments_check(segments, asked_expandable: bool) -> Dict[str, object]:
+    """Whether the setting took, from the allocator's own record: each segment of
+    `torch.cuda.memory_snapshot()` says `is_expandable`. A setting read too late (CUDA started before the
+    environment was set) leaves every segment non-expandable."""
+    expandable = sum(1 for s in segments if s.get("is_expandable"))
+    record: Dict[str, object] = {"asked_expandable": asked_expandable, "segments": len(segments),
+                                 "expandable_segments": expandable}
+    if segments:
+        record["took"] = (expandable == len(segments)) if asked_expandable else expandable == 0
+        if not record["took"]:
+            record["reason"] = (f"{expandable} of {len(segments)} segments expandable while expandable_segments="
+                                f"{asked_expandable}: the allocator read other settings (CUDA started first?)")
+    else:
+        record["took"] = None
+        record["reason"] = "no CUDA memory segments to inspect"
+    return record
+
+
+def check_took(cfg: AllocatorConfig, device) -> Dict[str, object]:
+    """summary.json's `allocator_check`: the setting as the CUDA allocator holds it at the end of the run."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return {"asked_expandable": cfg.expandable_segments, "took": None,
+                "reason": "no CUDA device: nothing to inspect (the allocator settings apply to CUDA only)"}
+    import torch
+
+    return segments_check(torch.cuda.memory_snapshot(), cfg.expandable_segments)

@@ -14,12 +14,13 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import yaml
 
@@ -99,19 +100,42 @@ def _label(combo: List[str], extra: List[str]) -> str:
     return " ".join(o for o in combo if not o.startswith("+sweeps=") and o not in extra) or "default"
 
 
-def run_all(runs, root: Path, extra: List[str], extra_env=None) -> List[str]:
+def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float]) -> subprocess.CompletedProcess:
+    """Run one arm (or its batch search) in its own process group; past `timeout` the whole group is killed
+    (its ranks and loader workers too) and the run is named as timed out, while the sweep goes on."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, 124, None, f"{err}\ntimed out after {timeout:.0f} s (--run-timeout)")
+    return subprocess.CompletedProcess(cmd, proc.returncode, None, err)
+
+
+def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
+            until: Optional[float] = None, search: Optional[Dict] = None) -> List[str]:
+    """Every run in order, each a fresh process; `until` (a time.time()) skips what would start too late."""
     failed, started = [], time.monotonic()
+    env = {**os.environ, **(extra_env or {})}
     for i, (name, combo, r) in enumerate(runs, 1):
         label = _label(combo, extra)
         arm = re.sub(r"[^A-Za-z0-9.+-]+", "-", label)[:60]
         run_dir = root / name / f"{i:03d}_r{r}_{arm}"
+        left = None if until is None else until - time.time()
+        if left is not None and left < 10:
+            failed.append(f"{name} {label} r{r} (not run: out of time)")
+            print(f"[{i}/{len(runs)}] {name} {label} r{r}: not run, the time given (--until) is up", flush=True)
+            continue
+        timeout = min(t for t in (run_timeout, left) if t is not None) if (run_timeout or left) else None
         cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
                f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}"]
         t0 = time.monotonic()
-        result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **(extra_env or {})})
-        if result.returncode == 0 and load(name).get("sweep", {}).get("batch_search"):
-            result = batch_search(load(name)["sweep"]["batch_search"], combo, r, run_dir, extra_env)
+        result = run_bounded(cmd, env, timeout)
+        spec = load(name).get("sweep", {}).get("batch_search")
+        if result.returncode == 0 and spec:
+            result = batch_search({**spec, **(search or {})}, combo, r, run_dir, env, timeout)
         took = time.monotonic() - t0
         eta = (time.monotonic() - started) / i * (len(runs) - i)
         status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
@@ -123,7 +147,8 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None) -> List[str]:
     return failed
 
 
-def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, extra_env=None):
+def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: Dict[str, str],
+                 timeout: Optional[float] = None):
     """A sweep's `batch_search` (C5's "batch x4"): the largest batch that fits under this arm's config, found
     by `python -m ablate.maxbatch` in <run dir>/max_batch, and written into the run's summary as `max_batch`.
     On a GPU an out-of-memory error decides; on a CPU the spec's `cpu_mem_budget_gb` (peak RSS) does."""
@@ -134,8 +159,7 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, extra
     search_dir = run_dir / "max_batch"
     cmd = [sys.executable, "-m", "ablate.maxbatch", *options, "--", *combo, "hydra.mode=RUN",
            f"hydra.run.dir={search_dir}", f"sweep.repeat={repeat}"]
-    result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(extra_env or {})})
+    result = run_bounded(cmd, env, timeout)
     if result.returncode == 0:
         found = json.loads((search_dir / "summary.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -158,6 +182,12 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
     parser.add_argument("--order", choices=("interleaved", "random"), default="interleaved")
     parser.add_argument("--seed", type=int, default=0, help="seed of --order random")
+    parser.add_argument("--run-timeout", type=float, help="seconds per run (and per batch search); a run past "
+                        "it is killed and named, the sweep goes on")
+    parser.add_argument("--until", type=float, help="a Unix time: runs that would start after it are not run "
+                        "(and named); a run's timeout never passes it")
+    parser.add_argument("--batch-search", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
     parser.add_argument("--repeat-side-arms", action="store_true",
                         help="repeat arms that are neither baseline nor treatment too (default: once)")
     args = parser.parse_args(argv)
@@ -180,7 +210,8 @@ def main(argv: List[str] = None) -> int:
               f"(python -m ablate.report {root} reports on them)", file=sys.stderr)
         return 2
     print(f"{len(runs)} runs ({args.repeats} repeat(s), {args.order}) into {root}", flush=True)
-    failed = run_all(runs, root, extra, {"ABLATE_PREFLIGHT_DONE": "1"})
+    search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
+    failed = run_all(runs, root, extra, {"ABLATE_PREFLIGHT_DONE": "1"}, args.run_timeout, args.until, search)
     from ablate import report
 
     code = report.main([str(root)]) if root.exists() else 2

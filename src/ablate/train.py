@@ -11,7 +11,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ablate import checkpoint, distributed, parallel, provenance
+from ablate import allocator, checkpoint, distributed, parallel, provenance
 from ablate import precision as precision_group
 from ablate.config import AblateConfig
 from ablate.console import StepProgress, print_summary
@@ -221,7 +221,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
-                "device": str(env.device),
+                "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
                 "notes": {**meter.notes, **profile_notes(loop.profiler, strategy, env),
                           **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
                 "sweep": resolved.get("sweep") or {},
