@@ -97,7 +97,8 @@ def plan_runs(names: List[str], extra: List[str], repeats: int, order: str, seed
 
 def _label(combo: List[str], extra: List[str]) -> str:
     """The arm: the overrides that are not the sweep itself nor the caller's fixed extras."""
-    return " ".join(o for o in combo if not o.startswith("+sweeps=") and o not in extra) or "default"
+    fixed = {o.split("=", 1)[0] for o in extra}   # Hydra rewrites values (false -> False): compare keys
+    return " ".join(o for o in combo if not o.startswith("+sweeps=") and o.split("=", 1)[0] not in fixed) or "default"
 
 
 def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float]) -> subprocess.CompletedProcess:
