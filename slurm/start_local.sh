@@ -59,7 +59,9 @@ fi
 
 # ---------------------------------------------------------------- 1. packages
 need=()
-for b in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client; do
+tools="munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client"
+[ "$NODE_COUNT" = 2 ] && tools="$tools ip:iproute2 nsenter:util-linux"
+for b in $tools; do
   command -v "${b%%:*}" >/dev/null 2>&1 || need+=("${b#*:}")
 done
 if [ "$ACCT" = 1 ]; then
