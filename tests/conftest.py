@@ -67,3 +67,18 @@ def read_jsonl(path: Path) -> List[Dict]:
 def fast():
     """Overrides that keep a real run to a couple of seconds."""
     return ["train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=256"]
+
+
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS")
+
+
+@pytest.fixture(autouse=True)
+def no_rank_variables_leak():
+    """Every later `python -m ablate` inherits this process's environment: a RANK or MASTER_PORT left behind
+    by one test makes every later run think it is a rank of some job (it happened once: 52 failures)."""
+    before = {k: os.environ.get(k) for k in RANK_VARIABLES}
+    yield
+    leaked = {k: os.environ[k] for k in RANK_VARIABLES if os.environ.get(k) != before[k]}
+    for k in leaked:
+        os.environ.pop(k) if before[k] is None else os.environ.__setitem__(k, before[k])
+    assert not leaked, f"the test left rank variables in the environment: {leaked}"

@@ -26,6 +26,15 @@ def start(nodes: int):
     return None if done.returncode == 0 else f"{done.stdout[-500:]}{done.stderr[-500:]}"
 
 
+def unavailable(why: str):
+    """No cluster: skipped on a developer's machine, a failure in CI (CI must run the Slurm tests)."""
+    import os
+
+    import pytest
+
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+
+
 def stop():
     subprocess.run(["bash", str(REPO / "slurm" / "stop_local.sh")], env=SYSTEM_PATH, capture_output=True, timeout=180)
 

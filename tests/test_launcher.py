@@ -62,8 +62,8 @@ def _rank_env(monkeypatch, nodelist, nodes, per_node, node, local, job_id="4242"
     os.environ.pop("SUBMITIT_EXECUTOR", None)   # set by the export (see there): leave no trace for other tests
     env = {k: os.environ[k] for k in SLURM_VARS}
     place = distributed.place(distributed.DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])))
-    for key in SLURM_VARS:
-        monkeypatch.delenv(key)
+    for key in SLURM_VARS:   # set by the export, not by monkeypatch: pop them (delenv would put them back)
+        os.environ.pop(key)
     return env, place
 
 

@@ -23,7 +23,7 @@ def local_slurm():
     if slurm_cluster.nodes_up() != 1:
         failed = slurm_cluster.start(nodes=1)
         if failed:
-            pytest.skip(f"no local Slurm could be started: {failed}")
+            slurm_cluster.unavailable(f"no local Slurm could be started: {failed}")
         started_here = True
     yield
     if started_here:

@@ -24,7 +24,7 @@ def two_node_slurm():
     if before != 2:
         failed = slurm_cluster.start(nodes=2)
         if failed:
-            pytest.skip(f"the two-node local Slurm could not be started: {failed}")
+            slurm_cluster.unavailable(f"the two-node local Slurm could not be started: {failed}")
     yield
     if before == 1:
         slurm_cluster.start(nodes=1)
@@ -88,3 +88,15 @@ def test_a_two_point_sweep_runs_each_point_on_two_nodes(tmp_path):
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
     assert len(summaries) == 2 and all(s["hosts"] == ["node1", "node2"] for s in summaries)
     assert len({s["loss"] for s in summaries}) == 2
+
+
+def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path):
+    """2 x 2 on nodes that advertise 4 CPUs (SLURM_CI_CPUS): ranks 0,1 on node1 and 2,3 on node2, each
+    node's local ranks 0 and 1. Four ranks of one micro-step = the reference's batch x2, so no loss check."""
+    result = run_cli([*TWO_NODES, "launcher.nproc_per_node=2", "parallel=ddp", *SHORT, "launcher.wait=true",
+                      f"hydra.run.dir={tmp_path}"], timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["ranks_by_host"] == {"node1": [0, 1], "node2": [2, 3]}
+    assert [(r["host"], r["node_rank"], r["local_rank"]) for r in summary["per_rank"]] == [
+        ("node1", 0, 0), ("node1", 0, 1), ("node2", 1, 0), ("node2", 1, 1)]

@@ -135,7 +135,8 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
         with contextlib.redirect_stderr(io.StringIO()):
             job = executor.submit(train)
     except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
-        raise ConfigError(f"sbatch refused the job: {_last_line(e)}{_forget(run_dir, cfg.train.resume)}") from None
+        gone = forget_run_dir(run_dir, cfg.train.resume)
+        raise ConfigError(f"sbatch refused the job: {sbatch_error(e)}{gone}") from None
     job.run_dir = run_dir
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
           + (f", W&B files under {run_dir}/wandb" if uses_wandb(cfg.logger) else ""), flush=True)
@@ -144,12 +145,12 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     return wait_for(job, cfg.launcher.cancel_unrunnable)
 
 
-def _last_line(e: BaseException) -> str:
+def sbatch_error(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[-1].replace("sbatch: error: ", "") if lines else type(e).__name__
 
 
-def _forget(run_dir: Path, resume) -> str:
+def forget_run_dir(run_dir: Path, resume) -> str:
     """Nothing ran: remove the run dir this call made (its config, Hydra's files, submitit's folder), so a
     refused submission leaves nothing behind. A directory holding a run, or being resumed, is kept."""
     from ablate import guards
@@ -181,7 +182,7 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     try:
         results = job.results()
     except Exception:   # submitit re-raises a task's own error with its traceback text
-        rank, host, message = _root_cause(job)
+        rank, host, message = root_cause(job)
         state = _final_state(job)
         print(f"ablate: Slurm job {job.job_id} failed{f' ({state})' if state else ''}: rank {rank} on {host}: "
               f"{message}{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
@@ -189,7 +190,7 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     return results[0]
 
 
-def _root_cause(job):
+def root_cause(job):
     """(rank, host, last line) of the task whose error is its own: a rank that only lost its peer (gloo's
     "Connection closed by peer") or left no result is a consequence of another rank's failure."""
     from ablate.launcher import is_consequence
@@ -238,7 +239,7 @@ def _give_up(job, reason: str, cancel: bool) -> None:
         raise SystemExit(1)
     job.cancel(check=False)
     run_dir = getattr(job, "run_dir", None)
-    raise ConfigError(f"{why}; cancelled it{_forget(run_dir, None) if run_dir else ''}")
+    raise ConfigError(f"{why}; cancelled it{forget_run_dir(run_dir, None) if run_dir else ''}")
 
 
 def _final_state(job) -> Optional[str]:

@@ -68,8 +68,8 @@ def _submit_group(executor, group: List[Dict]) -> list:
         with contextlib.redirect_stderr(io.StringIO()), executor.batch():
             jobs = [executor.submit(train) for train in trains]
     except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
-        gone = [slurm._forget(t.run_dir, t.cfg.train.resume) for t in trains]
-        raise ConfigError(f"sbatch refused the job array: {slurm._last_line(e)}"
+        gone = [slurm.forget_run_dir(t.run_dir, t.cfg.train.resume) for t in trains]
+        raise ConfigError(f"sbatch refused the job array: {slurm.sbatch_error(e)}"
                           f"{' (nothing ran; its run dirs removed)' if any(gone) else ''}") from None
     for job, train in zip(jobs, trains):
         job.run_dir = train.run_dir
@@ -93,7 +93,7 @@ def wait_all(jobs: list, cancel_unrunnable: bool) -> None:
             if error is None:
                 print(f"[slurm] {job.job_id} done: {_figures(job.run_dir)}{job.run_dir}", file=sys.stderr, flush=True)
             else:
-                rank, host, message = slurm._root_cause(job)
+                rank, host, message = slurm.root_cause(job)
                 failed.append(f"{job.job_id} ({job.run_dir}): rank {rank} on {host}: {message}")
                 print(f"[slurm] {job.job_id} failed: {failed[-1]}", file=sys.stderr, flush=True)
         if left and polls % 5 == 0:
