@@ -137,3 +137,25 @@ def test_requests_the_partition_can_never_run_are_named():
     assert "at most 4 node(s) per job (MaxNodes)" in refusal(_launcher(nodes=8, nproc_per_node=8, gpus_per_node=8), gpu)
     long = refusal(_launcher(nodes=4, gpus_per_node=8, timeout_min=2000), gpu)
     assert long.startswith("launcher.timeout_min=2000") and "MaxTime=1-00:00:00" in long
+
+
+def test_waiting_shows_state_changes_once_in_a_log_and_on_one_line_in_a_terminal():
+    import io
+
+    from ablate.cluster import QueueWatch, unrunnable
+
+    log = io.StringIO()
+    watch = QueueWatch("7", log, tty=False)
+    for state in [("PENDING", "Priority"), ("PENDING", "Priority"), ("PENDING", "Resources"), ("RUNNING", "None")]:
+        watch.update(state, 3.0)
+    assert log.getvalue().splitlines() == ["[slurm] job 7: PENDING (Priority)", "[slurm] job 7: PENDING (Resources)",
+                                           "[slurm] job 7: RUNNING"]
+    term = io.StringIO()
+    watch = QueueWatch("7", term, tty=True)
+    watch.update(("PENDING", "Priority"), 1.0)
+    watch.update(("PENDING", "Priority"), 3.0)
+    watch.update(("RUNNING", "None"), 4.0)
+    text = term.getvalue()
+    assert text.count("\r") == 2 and "waiting 3 s" in text and text.endswith("\n[slurm] job 7: RUNNING\n")
+    assert unrunnable("ReqNodeNotAvail, UnavailableNodes:node2") and unrunnable("PartitionConfig")
+    assert unrunnable("Resources") is None and unrunnable("Priority") is None and unrunnable("BeginTime") is None

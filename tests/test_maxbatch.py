@@ -37,7 +37,7 @@ def test_nothing_fits_or_everything_fits_up_to_the_limit():
     assert tried[:7] == [1, 2, 4, 8, 16, 32, 64] and max(tried) == 100
 
 
-WORKLOAD = ["model=tiny", "model.max_seq_len=1024", "train.seq_len=1024", "logger=none"]
+WORKLOAD = ["model=tiny", "model.max_seq_len=1024", "train.seq_len=1024"]
 
 
 @pytest.mark.slow
@@ -46,10 +46,10 @@ def test_a_larger_budget_finds_a_larger_batch_on_this_cpu(tmp_path):
     ~1.2 GB at 48, ~1.5 GB at 64: about 18 MB per sequence over ~0.37 GB of runtime and model. In steps
     of 16: a 0.8 GB budget holds 16 and not 32; a 1.4 GB budget holds 48 and not 64. Activations decide."""
     found = {}
-    for budget in ("0.8", "1.4"):
+    for budget, logger in (("0.8", "logger=wandb"), ("1.4", "logger=none")):
         run_dir = tmp_path / budget
         result = run_module("ablate.maxbatch", ["--mem-budget-gb", budget, "--multiple-of", "16", "--steps", "3",
-                                                "--", *WORKLOAD, f"hydra.run.dir={run_dir}"], timeout=300)
+                                                "--", *WORKLOAD, logger, f"hydra.run.dir={run_dir}"], timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((run_dir / "summary.json").read_text())
         found[budget] = summary["max_batch"]
@@ -60,6 +60,8 @@ def test_a_larger_budget_finds_a_larger_batch_on_this_cpu(tmp_path):
         assert all(t["fits"] == (t["peak_bytes"] <= float(budget) * 1e9) for t in summary["trials"])
         assert f"max_batch: {found[budget]}" in result.stdout
     assert found == {"0.8": 16, "1.4": 48}
+    wandb_record = json.loads((tmp_path / "0.8" / "summary.json").read_text())["wandb"]   # W&B, offline here
+    assert wandb_record["mode"] == "offline" and list((tmp_path / "0.8" / "wandb").glob("offline-run-*"))
 
 
 def test_bad_search_options_are_one_line(tmp_path):
