@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablate import CONF_DIR
-from ablate.config import register, validate
+from ablate.schema import register, validate
 
 REPO = Path(__file__).resolve().parents[1]
 register()

@@ -3,7 +3,8 @@ import itertools
 
 import pytest
 
-from ablate.config import AblateConfig, ConfigError, validate
+from ablate.config import AblateConfig, ConfigError
+from ablate.schema import validate
 from conftest import compose_cfg, group_choices
 
 FIVE = ("precision", "parallel", "allocator", "dataloader", "nccl")
@@ -98,7 +99,7 @@ def test_every_choice_has_one_implementation_in_its_registry():
 
 
 def test_long_override_lists_make_folder_names_that_fit():
-    from ablate.config import short_dirname
+    from ablate.schema import short_dirname
 
     assert short_dirname("parallel=ddp,train.seed=0") == "parallel=ddp,train.seed=0"
     long = ",".join([f"launcher.k{i}=1" for i in range(20)] + ["parallel=ddp", "train.seed=1"])

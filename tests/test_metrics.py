@@ -4,10 +4,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.config import ModelConfig, validate
+from ablate.config import ModelConfig
 from ablate.metrics import flops as F
 from ablate.metrics.memory import fragmentation
 from ablate.model import build_model
+from ablate.schema import validate
 from conftest import compose_cfg
 
 SIZES = ["tiny", "small", "1b", "8b", "70b"]

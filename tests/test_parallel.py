@@ -6,8 +6,8 @@ import time
 import pytest
 
 from ablate import parallel
-from ablate.config import validate
 from ablate.plan import param_numels
+from ablate.schema import validate
 from conftest import compose_cfg, read_jsonl, run_cli
 
 pytestmark = pytest.mark.slow

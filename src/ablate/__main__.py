@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate import CONF_DIR
 from ablate.cli import fail, preflight
-from ablate.config import ConfigError, register, validate
+from ablate.config import ConfigError
+from ablate.schema import register, validate
 
 register()
 

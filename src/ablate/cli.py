@@ -19,7 +19,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
 
 from ablate import CONF_DIR
-from ablate.config import AblateConfig, ConfigError, register, validate
+from ablate.config import AblateConfig, ConfigError
+from ablate.schema import register, validate
 
 EXIT_USAGE = 2
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")

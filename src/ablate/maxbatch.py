@@ -137,7 +137,7 @@ def compose(overrides: List[str]):
     from omegaconf import OmegaConf
 
     from ablate.cli import hydra_context, preflight
-    from ablate.config import validate
+    from ablate.schema import validate
 
     preflight([*overrides, "train.skip_memory_check=true"], hardware=False)   # one-line errors, no traceback
     with hydra_context():

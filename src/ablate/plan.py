@@ -86,7 +86,8 @@ def main(argv: List[str] = None) -> None:
 
     from ablate import CONF_DIR
     from ablate.cli import fail, preflight
-    from ablate.config import ConfigError, validate
+    from ablate.config import ConfigError
+    from ablate.schema import validate
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):

@@ -78,7 +78,7 @@ def plan_runs(names: List[str], extra: List[str], repeats: int, order: str, seed
     """(sweep, overrides, repeat) for every run, in running order; validates every point first. Side arms
     run once (repeat 0) unless asked: they are drawn but judged by no check, and can be slow (fp16 on a CPU)."""
     from ablate.cli import grid, hydra_context, preflight
-    from ablate.config import register
+    from ablate.schema import register
 
     register()
     runs = []

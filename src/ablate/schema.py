@@ -1,0 +1,65 @@
+"""From Hydra's composition to the typed config: the schema registered with Hydra's ConfigStore, keys the
+schema does not declare refused in one line, every value checked (`validate`), and the resolver that names
+a multirun job's folder (`hydra.sweep.subdir`)."""
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from ablate.config import AblateConfig, ConfigError
+
+
+def register() -> None:
+    """Register the schema: conf/config.yaml's defaults list starts from `ablate_schema`, so every group
+    file is merged into its typed dataclass (an unknown key or a wrong type fails composition)."""
+    ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+    OmegaConf.register_new_resolver("ablate_dirname", short_dirname, replace=True)
+
+
+def short_dirname(overrides: str, limit: int = 150) -> str:
+    """A multirun job's folder name from its overrides (Hydra's override_dirname), cut with a hash of the
+    whole when it is long: a folder name has at most 255 bytes, and a dozen overrides pass that. Where the
+    job runs and what it measures (launcher.*, metrics.*, logger.*) go first, the knobs under study stay."""
+    if len(overrides) <= limit:
+        return overrides
+    import hashlib
+
+    kept = ",".join(o for o in overrides.split(",") if not o.startswith(("launcher.", "metrics.", "logger.")))
+    return f"{kept[:limit - 9]}_{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
+
+
+FREE_FORM = {"sweep", "nccl.env", "launcher.additional_parameters"}   # nodes meant for any keys
+
+
+def unknown_keys(node, schema, prefix: str = "") -> List[str]:
+    """Keys in `node` that the dataclass `schema` does not declare (e.g. a `+train.lrr=1` typo)."""
+    defaults = schema()
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if path in FREE_FORM:
+            continue
+        if not hasattr(defaults, str(key)):
+            out.append(path)
+        elif is_dataclass(getattr(defaults, key)) and isinstance(node[key], DictConfig):
+            out += unknown_keys(node[key], type(getattr(defaults, key)), f"{path}.")
+    return out
+
+
+def validate(cfg: DictConfig) -> AblateConfig:
+    """Typed, value-checked config object (runs every `__post_init__`); keys the schema does not know
+    (added with `+`) are refused in one line."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    extra = unknown_keys(plain, AblateConfig)
+    if extra:
+        key = extra[0]
+        group, _, _ = key.rpartition(".")
+        node = AblateConfig()
+        for part in filter(None, group.split(".")):
+            node = getattr(node, part)
+        valid = ", ".join(f.name for f in fields(node))
+        raise ConfigError(f"{key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
+    return OmegaConf.to_object(plain)
