@@ -87,8 +87,9 @@ def _query(*cmd: str) -> str:
     done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ConfigError(f"launcher=slurm: `{' '.join(cmd[:3])}` failed ({reason}); start the controller (slurm/"
-                          "start_local.sh for a local one), or skip this check with launcher.check_cluster=false")
+        raise ConfigError(f"launcher=slurm: the Slurm controller does not answer ({reason}); start it (slurm/"
+                          "start_local.sh for a local one), use launcher=local, or skip this check with "
+                          "launcher.check_cluster=false")
     return done.stdout
 
 
@@ -187,6 +188,11 @@ def unrunnable(reason: str) -> Optional[str]:
     """Why a pending reason means the job can never start, or None if it may still clear."""
     key = reason.split(",")[0].strip()
     return UNRUNNABLE.get(key)
+
+
+def stuck(state: Optional[tuple]) -> Optional[str]:
+    """The pending reason of a job (squeue's (state, reason)) that can never start, or None."""
+    return state[1] if state and state[0] == "PENDING" and unrunnable(state[1]) else None
 
 
 class QueueWatch:

@@ -141,12 +141,11 @@ def compose(overrides: List[str]):
 
     preflight([*overrides, "train.skip_memory_check=true"], hardware=False)   # one-line errors, no traceback
     with hydra_context():
-        plain = [o for o in overrides if not o.startswith("hydra.")]
-        with_hydra = hydra_compose("config", overrides=plain, return_hydra_config=True)
-        choices = {k: v for k, v in with_hydra.hydra.runtime.choices.items() if not k.startswith("hydra") and v}
-        cfg = hydra_compose("config", overrides=plain)
+        cfg = hydra_compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")],
+                            return_hydra_config=True)
+        choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v}
         typed = validate(cfg)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
+        resolved = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     return typed, resolved, choices
 
 

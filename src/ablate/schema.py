@@ -7,7 +7,7 @@ from dataclasses import fields, is_dataclass
 from typing import List
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate.config import AblateConfig, ConfigError
 
@@ -52,7 +52,11 @@ def unknown_keys(node, schema, prefix: str = "") -> List[str]:
 def validate(cfg: DictConfig) -> AblateConfig:
     """Typed, value-checked config object (runs every `__post_init__`); keys the schema does not know
     (added with `+`) are refused in one line."""
-    plain = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    plain = cfg
+    if "hydra" in cfg:   # a copy without it, still typed (masked_copy would drop the schema: a plain dict)
+        plain = cfg.copy()
+        with open_dict(plain):
+            plain.pop("hydra")
     extra = unknown_keys(plain, AblateConfig)
     if extra:
         key = extra[0]

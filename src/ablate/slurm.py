@@ -15,7 +15,6 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,14 +38,7 @@ def check(lc: LauncherConfig) -> None:
     if shutil.which("sbatch") is None:
         raise ConfigError("launcher=slurm: sbatch not found, Slurm is not installed here; start a local "
                           "cluster with slurm/start_local.sh, use launcher.dry_run=true, or launcher=local")
-    if not lc.check_cluster:    # e.g. a submit host that cannot query the controller
-        return
-    probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ConfigError(f"launcher=slurm: the Slurm controller does not answer ({reason}); "
-                          "start it (slurm/start_local.sh for a local one) or use launcher=local")
-    cluster.check(lc)
+    cluster.check(lc)    # asks the controller (one line when it does not answer); check_cluster=false skips it
 
 
 def export_lines(applied_env: Dict[str, Dict]) -> list:
@@ -131,13 +123,7 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
         path.write_text(sbatch_script(executor))
         print(f"dry run: the sbatch script is {path} (nothing submitted)")
         return {"dry_run": str(path)}
-    try:   # submitit prints sbatch's stderr itself: keep it, the one line below says it
-        with contextlib.redirect_stderr(io.StringIO()):
-            job = executor.submit(train)
-    except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
-        gone = forget_run_dir(run_dir, cfg.train.resume)
-        raise ConfigError(f"sbatch refused the job: {sbatch_error(e)}{gone}") from None
-    job.run_dir = run_dir
+    job, = submit_jobs(executor, [train])
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
           + (f", W&B files under {run_dir}/wandb" if uses_wandb(cfg.logger) else ""), flush=True)
     if not cfg.launcher.wait:
@@ -145,9 +131,21 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     return wait_for(job, cfg.launcher.cancel_unrunnable)
 
 
-def sbatch_error(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[-1].replace("sbatch: error: ", "") if lines else type(e).__name__
+def submit_jobs(executor, trains: list) -> list:
+    """Submit one job, or several as one job array (submitit's batch), each job knowing its run dir. sbatch
+    refusing is one line, and the run dirs this call made are removed (nothing ran)."""
+    try:   # submitit prints sbatch's stderr itself: keep it, the one line below says it
+        with contextlib.redirect_stderr(io.StringIO()), executor.batch():
+            jobs = [executor.submit(train) for train in trains]
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        error = lines[-1].replace("sbatch: error: ", "") if lines else type(e).__name__
+        gone = [forget_run_dir(t.run_dir, t.cfg.train.resume) for t in trains]
+        said = gone[0] if len(gone) == 1 else " (nothing ran; its run dirs removed)" if any(gone) else ""
+        raise ConfigError(f"sbatch refused the job{' array' if len(trains) > 1 else ''}: {error}{said}") from None
+    for job, train in zip(jobs, trains):
+        job.run_dir = train.run_dir
+    return jobs
 
 
 def forget_run_dir(run_dir: Path, resume) -> str:
@@ -173,9 +171,9 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
         polls += 1
         if state:
             watch.update(state, time.monotonic() - started)
-            if state[0] == "PENDING" and cluster.unrunnable(state[1]):
+            if cluster.stuck(state):
                 watch.end_line()
-                _give_up(job, state[1], cancel_unrunnable)
+                give_up([job], state[1], cancel_unrunnable)
         time.sleep(1)
     watch.end_line()
     _show_new(job.paths.stderr, shown, final=True)
@@ -231,15 +229,20 @@ def _task_host(task) -> str:
     return found.group(1) if found else "?"
 
 
-def _give_up(job, reason: str, cancel: bool) -> None:
-    why = f"Slurm job {job.job_id} cannot start: {reason}: {cluster.unrunnable(reason)}"
+def give_up(jobs: list, reason: str, cancel: bool) -> None:
+    """A job (or the waiting tasks of an array) that can never start: one line, and cancelled with its
+    run dirs removed unless launcher.cancel_unrunnable=false."""
+    name = f"job {jobs[0].job_id}" if len(jobs) == 1 else f"job array {jobs[0].job_id.split('_')[0]}"
+    why = f"Slurm {name} cannot start: {reason}: {cluster.unrunnable(reason)}"
     if not cancel:
-        print(f"ablate: {why}; it stays queued (launcher.cancel_unrunnable=false): scancel {job.job_id}",
-              file=sys.stderr)
+        print(f"ablate: {why}; it stays queued (launcher.cancel_unrunnable=false): scancel "
+              f"{jobs[0].job_id.split('_')[0]}", file=sys.stderr)
         raise SystemExit(1)
-    job.cancel(check=False)
-    run_dir = getattr(job, "run_dir", None)
-    raise ConfigError(f"{why}; cancelled it{forget_run_dir(run_dir, None) if run_dir else ''}")
+    for job in jobs:
+        job.cancel(check=False)
+    gone = [forget_run_dir(job.run_dir, None) for job in jobs]
+    said = gone[0] if len(gone) == 1 else f" (its {len(jobs)} waiting tasks)"
+    raise ConfigError(f"{why}; cancelled it{said}")
 
 
 def _final_state(job) -> Optional[str]:

@@ -10,18 +10,13 @@ writes the array's sbatch script for `launcher.dry_run`, and with `launcher.wait
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import pickle
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
-import submitit
-
 from ablate import cluster, slurm
-from ablate.config import ConfigError
 
 
 def queue(path: Path, train: "slurm.SlurmTrain", params: Dict[str, object]) -> Dict[str, str]:
@@ -63,16 +58,7 @@ def _write_script(executor, count: int, path: Path) -> None:
 
 
 def _submit_group(executor, group: List[Dict]) -> list:
-    trains = [point["train"] for point in group]
-    try:   # submitit prints sbatch's stderr itself: the one line below says it
-        with contextlib.redirect_stderr(io.StringIO()), executor.batch():
-            jobs = [executor.submit(train) for train in trains]
-    except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
-        gone = [slurm.forget_run_dir(t.run_dir, t.cfg.train.resume) for t in trains]
-        raise ConfigError(f"sbatch refused the job array: {slurm.sbatch_error(e)}"
-                          f"{' (nothing ran; its run dirs removed)' if any(gone) else ''}") from None
-    for job, train in zip(jobs, trains):
-        job.run_dir = train.run_dir
+    jobs = slurm.submit_jobs(executor, [point["train"] for point in group])
     array_id = jobs[0].job_id.split("_")[0]
     limit = executor.parameters.get("array_parallelism", 256)
     print(f"submitted Slurm job array {array_id}: {len(jobs)} tasks, at most {min(limit, len(jobs))} at once; "
@@ -98,23 +84,13 @@ def wait_all(jobs: list, cancel_unrunnable: bool) -> None:
                 print(f"[slurm] {job.job_id} failed: {failed[-1]}", file=sys.stderr, flush=True)
         if left and polls % 5 == 0:
             state = cluster.queue_state(left[0].job_id)
-            if state and state[0] == "PENDING" and cluster.unrunnable(state[1]):
-                _give_up(left, state[1], cancel_unrunnable)
+            if cluster.stuck(state):
+                slurm.give_up(left, state[1], cancel_unrunnable)
         polls += 1
         time.sleep(1)
     if failed:
         print(f"ablate: {len(failed)} of {len(jobs)} array tasks failed; first: {failed[0]}", file=sys.stderr)
         raise SystemExit(1)
-
-
-def _give_up(left: list, reason: str, cancel: bool) -> None:
-    why = f"Slurm job array {left[0].job_id.split('_')[0]} cannot start: {reason}: {cluster.unrunnable(reason)}"
-    if not cancel:
-        print(f"ablate: {why}; it stays queued (launcher.cancel_unrunnable=false)", file=sys.stderr)
-        raise SystemExit(1)
-    for job in left:
-        job.cancel(check=False)
-    raise ConfigError(f"{why}; cancelled its {len(left)} waiting task(s)")
 
 
 def _figures(run_dir: Path) -> str:

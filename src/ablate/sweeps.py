@@ -129,7 +129,7 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
             failed.append(f"{name} {label} r{r} (not run: out of time)")
             print(f"[{i}/{len(runs)}] {name} {label} r{r}: not run, the time given (--until) is up", flush=True)
             continue
-        timeout = min(t for t in (run_timeout, left) if t is not None) if (run_timeout or left) else None
+        timeout = min((t for t in (run_timeout, left) if t is not None), default=None)
         cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
                f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}"]
         t0 = time.monotonic()
@@ -153,7 +153,8 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
     """A sweep's `batch_search` (C5's "batch x4"): the largest batch that fits under this arm's config, found
     by `python -m ablate.maxbatch` in <run dir>/max_batch, and written into the run's summary as `max_batch`.
     On a GPU an out-of-memory error decides; on a CPU the spec's `cpu_mem_budget_gb` (peak RSS) does."""
-    on_cpu = not str(json.loads((run_dir / "summary.json").read_text()).get("device", "cpu")).startswith("cuda")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    on_cpu = not str(summary.get("device", "cpu")).startswith("cuda")
     spec = {k: v for k, v in spec.items() if v is not None and k != "cpu_mem_budget_gb"} | (
         {"mem_budget_gb": spec["cpu_mem_budget_gb"]} if on_cpu and spec.get("cpu_mem_budget_gb") else {})
     options = [f"--{k.replace('_', '-')}={v}" for k, v in spec.items()]
@@ -163,7 +164,6 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
     result = run_bounded(cmd, env, timeout)
     if result.returncode == 0:
         found = json.loads((search_dir / "summary.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
         summary["max_batch"] = found["max_batch"]
         summary["max_batch_search"] = {k: found[k] for k in ("fit_rule", "figure", "search", "limit_reached")}
         summary["max_batch_search"].update(dir=str(search_dir), trials=len(found["trials"]))
