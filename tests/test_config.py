@@ -72,7 +72,7 @@ def test_week4_lists_every_claim():
 @pytest.mark.parametrize("override,needle", [
     ("+train.lrr=1", "train.lrr: no such key in 'train'; valid keys: steps, "),
     ("+nope=1", "nope: no such key in 'the config'"),
-    ("train.lr=nan", "train.lr=nan: must be a finite number > 0"),
+    ("train.lr=nan", "train.lr=nan: out of range; allowed: a finite number > 0"),
     ("dataloader.num_workers=1", None),
 ])
 def test_keys_the_schema_does_not_know_are_refused(override, needle):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
 
@@ -27,31 +27,63 @@ def _registered(group: str):
     return tuple(importlib.import_module(f"ablate.{group}").REGISTRY)
 
 
-def _at_least(key: str, value, low) -> None:
-    if value is None or value < low:
-        raise ConfigError(f"{key}={value}: must be >= {low}")
+@dataclass(frozen=True)
+class Range:
+    """A number's allowed values: [low, high] with either end open; None when unbounded."""
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, v: float) -> bool:
+        if not math.isfinite(v):
+            return False
+        above = self.low is None or (v > self.low if self.low_open else v >= self.low)
+        below = self.high is None or (v < self.high if self.high_open else v <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        parts = [f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "",
+                 f"{'<' if self.high_open else '<='} {self.high:g}" if self.high is not None else ""]
+        return " and ".join(p for p in parts if p)
+
+
+def num(default, low=None, high=None, *, low_open=False, high_open=False, null: str = ""):
+    """A numeric field with its range (checked by `check_ranges`); `null` says what None means, if allowed."""
+    return field(default=default, metadata={"range": Range(low, high, low_open, high_open), "null": null})
+
+
+def check_ranges(node, group: str) -> None:
+    """Every numeric field of a group against its declared range, before anything computes with it."""
+    for f in fields(node):
+        rng, value = f.metadata.get("range"), getattr(node, f.name)
+        if rng is None or value is None or isinstance(value, bool):
+            continue
+        if not rng.holds(float(value)):
+            null = f"; or null ({f.metadata['null']})" if f.metadata.get("null") else ""
+            finite = "" if math.isfinite(float(value)) else "a finite number "
+            raise ConfigError(f"{group}.{f.name}={value}: out of range; allowed: {finite}{rng}{null}")
 
 
 @dataclass
 class ModelConfig:
     """A Llama-style decoder. Sizes follow Meta's published Llama 3 configs (see conf/model/*.yaml)."""
     name: str = "tiny"
-    dim: int = 64                  # hidden size
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int = 2            # < n_heads: grouped-query attention
-    vocab_size: int = 256
-    ffn_hidden: int = 192          # SwiGLU inner size
-    max_seq_len: int = 256         # RoPE table length
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    dim: int = num(64, 1)                  # hidden size
+    n_layers: int = num(2, 1)
+    n_heads: int = num(4, 1)
+    n_kv_heads: int = num(2, 1)            # < n_heads: grouped-query attention
+    vocab_size: int = num(256, 1)
+    ffn_hidden: int = num(192, 1)          # SwiGLU inner size
+    max_seq_len: int = num(256, 1)         # RoPE table length
+    norm_eps: float = num(1e-5, 0, low_open=True)
+    rope_theta: float = num(10000.0, 0, low_open=True)
     tie_embeddings: bool = False
     activation_checkpointing: bool = False   # recompute each block's forward in backward (8N accounting)
     attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
 
     def __post_init__(self):
-        for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden", "max_seq_len"):
-            _at_least(f"model.{k}", getattr(self, k), 1)
+        check_ranges(self, "model")
         _choice("model.attention", self.attention, ("sdpa", "math"))
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
@@ -61,44 +93,33 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     """The optimisation loop. `batch_size` is per rank and per micro-step."""
-    steps: int = 40                # optimizer steps
-    warmup_steps: int = 5          # excluded from every speed figure (compile, allocator warm-up)
-    batch_size: int = 8            # per rank and micro-step (derived when global_batch_size is set)
-    global_batch_size: Optional[int] = None   # sequences per optimizer step over all ranks
-    seq_len: int = 64
-    seq_len_min: Optional[int] = None   # set: each batch's length is drawn from [seq_len_min, seq_len]
-    grad_accum: int = 1            # micro-steps per optimizer step
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    beta1: float = 0.9             # AdamW betas (Llama / nanoGPT values)
-    beta2: float = 0.95
-    max_grad_norm: float = 1.0     # 0 disables clipping (the norm is still measured)
-    log_every: int = 5
-    seed: int = 0
+    steps: int = num(40, 1)                # optimizer steps
+    warmup_steps: int = num(5, 0)          # excluded from every speed figure (compile, allocator warm-up)
+    batch_size: int = num(8, 1)            # per rank and micro-step (derived when global_batch_size is set)
+    global_batch_size: Optional[int] = num(None, 1, null="batch_size per rank")   # sequences per optimizer step, all ranks
+    seq_len: int = num(64, 1)
+    seq_len_min: Optional[int] = num(None, 1, null="every batch train.seq_len long")   # set: each batch's length is drawn from [seq_len_min, seq_len]
+    grad_accum: int = num(1, 1)            # micro-steps per optimizer step
+    lr: float = num(3e-3, 0, low_open=True)
+    weight_decay: float = num(0.1, 0)
+    beta1: float = num(0.9, 0, 1, high_open=True)   # AdamW betas (Llama / nanoGPT values)
+    beta2: float = num(0.95, 0, 1, high_open=True)
+    max_grad_norm: float = num(1.0, 0)     # 0 disables clipping (the norm is still measured)
+    log_every: int = num(5, 1)
+    seed: int = num(0, 0)
     compile: bool = False          # torch.compile the model
     device: str = "auto"           # auto | cpu | cuda
     resume: Optional[str] = None   # a checkpoint file or run directory to continue
-    checkpoint_every: int = 0      # 0: only when stopped by a signal (and at the last step when > 0)
-    max_nonfinite_steps: int = 10  # consecutive NaN/inf steps that stop the run (0: never); checked at log steps
+    checkpoint_every: int = num(0, 0)      # 0: only when stopped by a signal (and at the last step when > 0)
+    max_nonfinite_steps: int = num(10, 0)  # consecutive NaN/inf steps that stop the run (0: never); checked at log steps
     skip_memory_check: bool = False   # start even when the memory estimate says the run cannot fit
 
     def __post_init__(self):
-        _at_least("train.steps", self.steps, 1)
-        _at_least("train.warmup_steps", self.warmup_steps, 0)
+        check_ranges(self, "train")
         if self.warmup_steps >= self.steps:
             raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be < train.steps={self.steps}")
-        for k in ("batch_size", "seq_len", "grad_accum", "log_every"):
-            _at_least(f"train.{k}", getattr(self, k), 1)
-        if self.seq_len_min is not None and not 1 <= self.seq_len_min <= self.seq_len:
+        if self.seq_len_min is not None and self.seq_len_min > self.seq_len:
             raise ConfigError(f"train.seq_len_min={self.seq_len_min}: must be in [1, train.seq_len={self.seq_len}]")
-        if not math.isfinite(self.lr) or self.lr <= 0:
-            raise ConfigError(f"train.lr={self.lr}: must be a finite number > 0")
-        for k in ("beta1", "beta2"):
-            if not 0 <= getattr(self, k) < 1:
-                raise ConfigError(f"train.{k}={getattr(self, k)}: must be in [0, 1)")
-        _at_least("train.max_grad_norm", self.max_grad_norm, 0)
-        _at_least("train.checkpoint_every", self.checkpoint_every, 0)
-        _at_least("train.max_nonfinite_steps", self.max_nonfinite_steps, 0)
         _choice("train.device", self.device, ("auto", "cpu", "cuda"))
         if self.resume is not None and not os.path.exists(self.resume):
             raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
@@ -108,17 +129,15 @@ class TrainConfig:
 class PrecisionConfig:
     """Numeric format of the forward/backward. fp16 adds a dynamic GradScaler."""
     name: str = "fp32"
-    init_scale: float = 65536.0    # GradScaler (fp16 only)
-    growth_interval: int = 2000
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
+    init_scale: float = num(65536.0, 0, low_open=True)    # GradScaler (fp16 only)
+    growth_interval: int = num(2000, 1)
+    growth_factor: float = num(2.0, 1, low_open=True)
+    backoff_factor: float = num(0.5, 0, 1, low_open=True, high_open=True)
     fp8_recipe: str = "tensorwise"  # torchao Float8LinearConfig recipe (E4M3 forward, E5M2 gradients)
 
     def __post_init__(self):
+        check_ranges(self, "precision")
         _choice("precision.name", self.name, _registered("precision"))
-        _at_least("precision.growth_interval", self.growth_interval, 1)
-        if self.init_scale <= 0:
-            raise ConfigError(f"precision.init_scale={self.init_scale}: must be > 0")
 
 
 @dataclass
@@ -126,17 +145,18 @@ class ParallelConfig:
     """Data-parallel strategy. DeepSpeed fields apply to zero1/2/3 only."""
     name: str = "none"
     no_sync: bool = True                 # ddp: all-reduce once per optimizer step, not every micro-step
-    bucket_cap_mb: Optional[float] = None   # ddp: gradient bucket size (None: torch's 25 MB)
+    bucket_cap_mb: Optional[float] = num(None, 0, low_open=True, null="torch's 25 MB")   # ddp: gradient bucket size
     reshard_after_forward: bool = True   # fsdp2
     overlap_comm: bool = True            # deepspeed: overlap reduction with backward
     contiguous_gradients: bool = True
-    reduce_bucket_size: int = 50_000_000
-    allgather_bucket_size: int = 50_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
+    reduce_bucket_size: int = num(50_000_000, 1)
+    allgather_bucket_size: int = num(50_000_000, 1)
+    stage3_prefetch_bucket_size: int = num(50_000_000, 0)
+    stage3_param_persistence_threshold: int = num(100_000, 0)
     offload_optimizer: bool = False
 
     def __post_init__(self):
+        check_ranges(self, "parallel")
         _choice("parallel.name", self.name, _registered("parallel"))
 
 
@@ -145,28 +165,30 @@ class AllocatorConfig:
     """CUDA caching-allocator settings, written to PYTORCH_ALLOC_CONF before CUDA starts."""
     name: str = "default"
     expandable_segments: bool = False
-    max_split_size_mb: Optional[int] = None
-    garbage_collection_threshold: Optional[float] = None
+    # torch's own limits (c10/core/AllocatorConfig.cpp): max_split_size_mb > 20 (kLargeBuffer, 20 MiB),
+    # 0 < garbage_collection_threshold < 1
+    max_split_size_mb: Optional[int] = num(None, 20, low_open=True, null="no limit")
+    garbage_collection_threshold: Optional[float] = num(None, 0, 1, low_open=True, high_open=True, null="off")
     extra: str = ""                      # appended verbatim, e.g. "roundup_power2_divisions:4"
+
+    def __post_init__(self):
+        check_ranges(self, "allocator")
 
 
 @dataclass
 class DataloaderConfig:
     """How batches reach the device."""
     name: str = "naive"
-    num_workers: int = 0
+    num_workers: int = num(0, 0)
     pin_memory: bool = False
     non_blocking: bool = False
-    prefetch_factor: Optional[int] = None
+    prefetch_factor: Optional[int] = num(None, 1, null="torch's default")
     persistent_workers: bool = False
     cuda_prefetch: bool = False          # copy batch k+1 on a side stream while step k computes
-    read_latency_ms: float = 0.0         # simulated storage latency per batch
+    read_latency_ms: float = num(0.0, 0)         # simulated storage latency per batch
 
     def __post_init__(self):
-        _at_least("dataloader.num_workers", self.num_workers, 0)
-        _at_least("dataloader.read_latency_ms", self.read_latency_ms, 0)
-        if self.prefetch_factor is not None:
-            _at_least("dataloader.prefetch_factor", self.prefetch_factor, 1)
+        check_ranges(self, "dataloader")
         if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
             raise ConfigError("dataloader.prefetch_factor/persistent_workers need dataloader.num_workers >= 1")
 
@@ -176,7 +198,8 @@ class NcclConfig:
     """NCCL/CUDA environment, applied before any process group exists. Empty values set nothing."""
     name: str = "default"
     env: Dict[str, str] = field(default_factory=dict)
-    async_error_handling: Optional[int] = None   # written under the name the installed torch reads
+    # 0-3 as TORCH_NCCL_ASYNC_ERROR_HANDLING reads it (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp)
+    async_error_handling: Optional[int] = num(None, 0, 3, null="torch's default")   # under the name torch reads
 
 
 @dataclass
@@ -189,9 +212,10 @@ class LoggerConfig:
     group: Optional[str] = None          # W&B group (a sweep's name)
     job_type: Optional[str] = None       # W&B job_type (a week-4 claim)
     tags: List[str] = field(default_factory=list)
-    init_timeout_s: float = 15.0         # online W&B that does not answer by then: log offline, sync later
+    init_timeout_s: float = num(15.0, 0, low_open=True)         # online W&B that does not answer by then: log offline, sync later
 
     def __post_init__(self):
+        check_ranges(self, "logger")
         _choice("logger.name", self.name, _registered("tracking"))
         _choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
 
@@ -200,13 +224,13 @@ class LoggerConfig:
 class LauncherConfig:
     """Where the ranks run: local processes, or a Slurm job through submitit."""
     name: str = "local"
-    nproc_per_node: int = 1
-    nodes: int = 1
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-    mem_gb: Optional[int] = None
-    timeout_min: int = 60
-    signal_delay_s: int = 90
+    nproc_per_node: int = num(1, 1)
+    nodes: int = num(1, 1)
+    gpus_per_node: int = num(0, 0)
+    cpus_per_task: int = num(1, 1)
+    mem_gb: Optional[int] = num(None, 1, null="the partition's default")
+    timeout_min: int = num(60, 1)
+    signal_delay_s: int = num(90, 0)
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -215,17 +239,15 @@ class LauncherConfig:
     setup: List[str] = field(default_factory=list)
     wait: bool = True
     dry_run: bool = False
-    max_restarts: int = 3                # requeues after preemption/time limit
+    max_restarts: int = num(3, 0)                # requeues after preemption/time limit
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
     check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
     cancel_unrunnable: bool = True       # wait: cancel a job whose pending reason cannot clear by itself
-    array_parallelism: Optional[int] = None   # -m sweeps go as one job array: at most this many tasks at once
+    array_parallelism: Optional[int] = num(None, 1, null="no limit")   # -m sweeps go as one job array: at most this many tasks at once
 
     def __post_init__(self):
+        check_ranges(self, "launcher")
         _choice("launcher.name", self.name, _registered("launcher"))
-        for k in ("nproc_per_node", "nodes", "cpus_per_task"):
-            _at_least(f"launcher.{k}", getattr(self, k), 1)
-        _at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
 
     @property
     def world_size(self) -> int:
@@ -235,16 +257,19 @@ class LauncherConfig:
 @dataclass
 class MetricsConfig:
     """Measurement knobs (not a group: plain fields under `metrics`)."""
-    peak_tflops: Optional[float] = None  # override the datasheet/measured peak
+    peak_tflops: Optional[float] = num(None, 0, low_open=True, null="datasheet or measured")  # override the datasheet/measured peak
     gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
-    gemm_probe_n: int = 0                # 0: 8192 on CUDA, 1024 on CPU
-    nvml_interval_s: float = 0.2
+    gemm_probe_n: int = num(0, 0)                # 0: 8192 on CUDA, 1024 on CPU
+    nvml_interval_s: float = num(0.2, 0, low_open=True)
     # where the measured peak is cached per (host, device, dtype, threads), so every run of a sweep shares
     # one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
     peak_cache: Optional[str] = None
     # [start, count]: trace training steps start..start+count-1 with torch.profiler (traces/rank{N}.json.gz)
     # and measure exposed communication and data wait from the trace; null: off
     profile_steps: Optional[List[int]] = None
+
+    def __post_init__(self):
+        check_ranges(self, "metrics")
 
 
 @dataclass

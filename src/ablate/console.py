@@ -1,8 +1,15 @@
-"""What a person sees in the terminal: a progress bar while training, a summary table at the end."""
+"""What a person sees in the terminal: a progress bar while training, a summary table at the end, and
+ablate's own lines; libraries' chatter (DeepSpeed's FutureWarnings and op builds, compiler lines, the
+profiler's USDT lines) goes to the run's log file, `<run dir>/ablate.log`, instead."""
 from __future__ import annotations
 
+import logging
+import os
 import sys
-from typing import Dict, Optional
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -11,6 +18,64 @@ from rich.table import Table
 from ablate import units
 
 console = Console(stderr=True)
+LOG_FILE = "ablate.log"          # Hydra's job log (hydra.job.name=ablate) and every rank's library output
+OWN_FILES = str(Path(__file__).resolve().parent)
+
+
+class _OwnWarningsOnly(logging.Filter):
+    """The terminal keeps warnings raised from ablate's own files (a GPU with no datasheet peak, say)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name != "py.warnings" or OWN_FILES in record.getMessage()
+
+
+def route_library_logs(run_dir: Path, rank: int) -> None:
+    """Python warnings and library loggers of this process into the run's log (every rank appends to it,
+    lines marked with the rank); the terminal keeps ablate's own warnings."""
+    logging.captureWarnings(True)
+    warnings.simplefilter("once", FutureWarning)        # torch's deprecations fire at every collective
+    warnings.simplefilter("once", DeprecationWarning)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)          # Hydra's console handler: libraries' INFO lines
+    path = str((run_dir / LOG_FILE).resolve())
+    if not any(getattr(h, "baseFilename", None) == path for h in root.handlers):
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] %(message)s"))
+        root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    own = logging.StreamHandler(sys.stderr)
+    own.addFilter(_OwnWarningsOnly())
+    own.setLevel(logging.WARNING)
+    own.setFormatter(logging.Formatter("ablate: warning: %(message)s"))
+    warnings_logger = logging.getLogger("py.warnings")
+    warnings_logger.handlers = [own]          # not duplicated when a second run starts in this process
+    warnings_logger.propagate = True          # and into the log file through the root logger
+
+
+@contextmanager
+def library_output_to_log(run_dir: Path) -> Iterator[None]:
+    """What libraries write straight to the process's stdout/stderr (file descriptors 1 and 2: C++ and
+    subprocesses included) goes to the run's log while this block runs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    try:
+        with open(run_dir / LOG_FILE, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 class StepProgress:
@@ -51,7 +116,7 @@ SUMMARY_ROWS = ("loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu
 
 
 def print_summary(summary: Dict[str, object]) -> None:
-    table = Table(title=f"ablate run: {summary.get('run_name', '')}", show_header=True)
+    table = Table(title="ablate run", show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("note", overflow="fold", max_width=60)
@@ -62,4 +127,9 @@ def print_summary(summary: Dict[str, object]) -> None:
     console.print(table)
     if len(summary.get("hosts") or []) > 1:
         console.print("ranks: " + ", ".join(f"{host} {ranks}" for host, ranks in summary["ranks_by_host"].items()))
-    console.print(f"run dir: {summary.get('run_dir')}")
+    console.print(f"run dir: {summary.get('run_dir')}", soft_wrap=True)
+    w = summary.get("wandb") or {}
+    if w.get("url"):
+        console.print(f"W&B: {w['url']}", soft_wrap=True)
+    elif w.get("dir"):
+        console.print(f"W&B ({w.get('mode')}): {w['dir']}; upload with `wandb sync {w['dir']}`", soft_wrap=True)

@@ -73,9 +73,24 @@ def share_cpu_threads() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
 
+# what a world of one sets for itself (and takes back at teardown): the variables every launcher gives
+# its ranks. DeepSpeed asserts LOCAL_RANK even for one process (deepspeed/runtime/engine.py,
+# _do_args_sanity_check), and gloo's env:// rendezvous reads MASTER_ADDR/PORT.
+_SET_FOR_ONE: List[str] = []
+
+
+def _be_a_world_of_one() -> None:
+    values = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    for key, value in values.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _SET_FOR_ONE.append(key)
+
+
 def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     """Join the job's process group: always with several ranks, and with one when the strategy needs
-    a group anyway (ddp/fsdp2/zero on a single process)."""
+    a group anyway (ddp/fsdp2/zero on a single process, which then gets a launcher's variables)."""
     _export_slurm_env()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -84,8 +99,7 @@ def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     if device.type == "cpu" and world > 1:
         share_cpu_threads()
     if world == 1 and need_group:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        _be_a_world_of_one()
     if (world > 1 or need_group) and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world,
@@ -100,6 +114,8 @@ def teardown(clean: bool = True) -> None:
         if clean:
             dist.barrier()
             dist.destroy_process_group()
+    while _SET_FOR_ONE:    # a run inside a longer-lived process (tests, a caller) leaves no rank behind
+        os.environ.pop(_SET_FOR_ONE.pop(), None)
 
 
 def place(env: DistEnv) -> Dict[str, object]:

@@ -131,7 +131,7 @@ class Tracker:
         import wandb
 
         run = wandb.init(**kwargs, mode=mode, settings=wandb.Settings(
-            console="off", quiet=True, x_disable_stats=True, init_timeout=self.cfg.init_timeout_s))
+            console="off", quiet=True, silent=True, x_disable_stats=True, init_timeout=self.cfg.init_timeout_s))
         run.define_metric("step")
         run.define_metric("*", step_metric="step")
         self.mode = mode

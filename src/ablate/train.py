@@ -14,7 +14,7 @@ import torch
 from ablate import allocator, checkpoint, distributed, parallel, provenance
 from ablate import precision as precision_group
 from ablate.config import AblateConfig
-from ablate.console import StepProgress, print_summary
+from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.data import DeviceFeeder, build_loader
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
@@ -170,10 +170,12 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
     env = distributed.setup(cfg.train.device, need_group=parallel.choice(cfg.parallel.name).needs_group)
+    route_library_logs(run_dir, env.rank)
     clean = False
     try:
         check_runnable(cfg, env.device)
-        params, strategy = build(cfg, env)
+        with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
+            params, strategy = build(cfg, env)
         resumed = resume(cfg, run_dir, resolved, strategy, env.world_size)
         start_step = resumed["step"]
         if env.is_main:

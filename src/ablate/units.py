@@ -16,13 +16,18 @@ def is_fraction(metric: str) -> bool:
 
 
 def unit(metric: str, magnitude: float = 1e9) -> Tuple[str, float]:
-    """(unit label, divisor) for this metric; bytes pick a decimal unit that fits `magnitude`."""
+    """(unit label, divisor) for this metric: the table first (a rate named `..._per_s` is not a time),
+    then by the name's kind; bytes pick a decimal unit that fits `magnitude`."""
+    if metric in UNITS:
+        return UNITS[metric], 1.0
     if is_fraction(metric):
         return "%", 0.01
     if "bytes" in metric:
         return next(((u, s) for u, s in BYTE_UNITS if abs(magnitude) >= s), ("B", 1.0))
     if "flops_per_token" in metric:
         return "FLOP/token", 1.0
+    if metric.endswith("_per_s"):
+        return "/s", 1.0
     if metric.endswith("_s"):
         return "s", 1.0
     if metric.endswith("_steps"):

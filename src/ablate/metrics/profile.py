@@ -12,6 +12,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ablate.console import library_output_to_log
 from ablate.metrics import overlap
 
 FIGURES = ("comm_exposed_s", "comm_overlap_frac", "comm_s", "compute_s", "data_wait_s", "data_exposed_s", "idle_s")
@@ -36,11 +37,18 @@ class StepProfiler:
         schedule = torch.profiler.schedule(skip_first=max(start - 1 - warmup, 0), wait=0, warmup=warmup,
                                            active=count, repeat=1)
         self.prof = torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=self._ready)
-        self.prof.start()
+        self.run_dir = run_dir
+        with library_output_to_log(run_dir):      # Kineto's USDT lines go to the run's log
+            self.prof.start()
 
     def step(self) -> None:
-        if self.prof is not None:
+        if self.prof is None:
+            return
+        had = self.result
+        with library_output_to_log(self.run_dir):
             self.prof.step()
+        if had is None and self.result is not None and self.is_main:
+            print(f"trace: {self.path} (open in https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
 
     def _ready(self, prof) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,8 +60,6 @@ class StepProfiler:
         self.result = overlap.analyze(overlap.load(self.path))
         for s in self.result["steps"]:
             s["step"] += 1                        # the profiler counts from 0: name the training step
-        if self.is_main:
-            print(f"trace: {self.path} (open in https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
 
     def figures(self) -> Dict[str, Optional[float]]:
         mean = (self.result or {}).get("mean", {})
@@ -61,7 +67,8 @@ class StepProfiler:
 
     def close(self) -> None:
         if self.prof is not None:
-            self.prof.stop()
+            with library_output_to_log(self.run_dir):
+                self.prof.stop()
             self.prof = None
 
     def record(self) -> Optional[Dict]:
