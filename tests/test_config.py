@@ -55,7 +55,7 @@ def test_the_article_values_are_in_the_tuned_and_expandable_groups():
     assert alloc_conf(cfg.allocator) == "expandable_segments:True,max_split_size_mb:128"
 
 
-@pytest.mark.parametrize("name", [s for s in group_choices("sweeps") if s != "week4"])
+@pytest.mark.parametrize("name", group_choices("sweeps"))
 def test_every_sweep_file_composes_at_every_grid_point(name):
     from ablate.cli import preflight
 

@@ -3,8 +3,7 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# conf/ and sweeps/ live at the repository root (the layout users asked for); conf/sweeps links to sweeps/
-# so Hydra finds the sweep files as the `sweeps` group without searching anything else.
-_REPO = Path(__file__).resolve().parents[2]
-CONF_DIR = _REPO / "conf"
-SWEEPS_DIR = _REPO / "sweeps"
+# The config groups and the sweep files ship inside the package (a wheel or `pip install .` has them);
+# the repository root links to them as conf/ and sweeps/. conf/sweeps is the `sweeps` group.
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+SWEEPS_DIR = CONF_DIR / "sweeps"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,10 +11,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import CONF_DIR
+from ablate import CONF_DIR, guards
 from ablate.cli import fail, preflight
 from ablate.config import ConfigError
-from ablate.schema import register, validate
+from ablate.schema import LABELLED_BY_CHOICE, register, validate
 
 register()
 
@@ -26,24 +27,42 @@ def hydra_main(cfg: DictConfig):
     runtime = hydra_cfg.runtime
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.get("group") is None:
         cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
-    try:
-        typed = validate(cfg)
-    except ConfigError as e:
-        fail(str(e))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     choices = {k: v for k, v in runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    run_dir = Path(runtime.output_dir)
+    try:
+        typed = validate(cfg, choices)
+    except ConfigError as e:
+        forget_run_dir(run_dir)
+        fail(str(e))
+    for group in LABELLED_BY_CHOICE:     # the record says what ran
+        cfg[group].name = getattr(typed, group).name
+    resolved = OmegaConf.to_container(cfg, resolve=True)
     from ablate.checkpoint import RunStopped
 
     try:
-        return launcher.launch(typed, resolved, Path(runtime.output_dir), choices)
+        return launcher.launch(typed, resolved, run_dir, choices)
     except ConfigError as e:   # found only once running (e.g. a checkpoint that is not there)
+        forget_run_dir(run_dir)
         fail(str(e))
     except RunStopped as e:    # stopped on purpose: a signal, or training that went non-finite
         print(f"ablate: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
 
 
+_EXISTED: set = set()   # run dirs named on the command line that were there before this call
+
+
+def forget_run_dir(run_dir: Path) -> None:
+    """A refused command leaves no run dir: remove the one Hydra made for this call (never one that was
+    there before, nor one that holds a run)."""
+    if run_dir.resolve() in _EXISTED or guards.holds_a_run(run_dir):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def main() -> None:
+    _EXISTED.update(Path(a.split("=", 1)[1].strip("'\"")).resolve() for a in sys.argv[1:]
+                    if a.startswith("hydra.run.dir=") and Path(a.split("=", 1)[1].strip("'\"")).exists())
     try:
         if not os.environ.pop("ABLATE_PREFLIGHT_DONE", None):   # ablate.sweeps validated the whole grid
             preflight(sys.argv[1:])

@@ -4,7 +4,7 @@ a multirun job's folder (`hydra.sweep.subdir`)."""
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import List
+from typing import List, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -49,14 +49,24 @@ def unknown_keys(node, schema, prefix: str = "") -> List[str]:
     return out
 
 
-def validate(cfg: DictConfig) -> AblateConfig:
+# groups whose `name` is only a label, so it is the choice's own (a `--config-dir` model file without `name:`
+# is recorded under its choice, not the schema's default); the other groups' `name` picks an implementation
+LABELLED_BY_CHOICE = ("model", "allocator", "dataloader", "nccl")
+
+
+def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:
     """Typed, value-checked config object (runs every `__post_init__`); keys the schema does not know
-    (added with `+`) are refused in one line."""
+    (added with `+`) are refused in one line. `choices`: Hydra's group choices (read from the config's
+    `hydra` node when it has one)."""
     plain = cfg
     if "hydra" in cfg:   # a copy without it, still typed (masked_copy would drop the schema: a plain dict)
+        choices = choices or dict(cfg.hydra.runtime.get("choices") or {})
         plain = cfg.copy()
         with open_dict(plain):
             plain.pop("hydra")
+    for group in LABELLED_BY_CHOICE:
+        if (choices or {}).get(group):
+            plain[group].name = choices[group]
     extra = unknown_keys(plain, AblateConfig)
     if extra:
         key = extra[0]

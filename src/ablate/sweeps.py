@@ -5,7 +5,8 @@ Order: every arm once per block, block after block (A B, A B, ...: drift on a sh
 arms alike), or `--order random` (each block shuffled). Each run is `python -m ablate +sweeps=NAME
 <arm> sweep.repeat=K` in its own process (allocator, NCCL and CUDA settings are per process), and every
 run of the call shares one measured peak (metrics.peak_cache), so MFU has one denominator.
-`python -m ablate.sweeps --list` lists the sweeps; `week4` is the whole table (sweeps/week4.yaml).
+`python -m ablate.sweeps --list` lists the sweeps; `week4` is the whole table (sweeps/week4.yml:
+a suite, a list of sweeps; .yml so that Hydra, which reads only .yaml, does not offer it as `+sweeps=week4`).
 """
 from __future__ import annotations
 
@@ -26,15 +27,20 @@ import yaml
 
 from ablate import SWEEPS_DIR
 
-NOT_A_SWEEP = ("week4",)   # sweeps/ files that list sweeps instead of being one
+SUITE_SUFFIX = ".yml"   # sweeps/<name>.yml lists sweeps (week4); sweeps/<name>.yaml is one sweep (a Hydra config)
+
+
+def _path(name: str) -> Path:
+    suite = SWEEPS_DIR / f"{name}{SUITE_SUFFIX}"
+    return suite if suite.exists() else SWEEPS_DIR / f"{name}.yaml"
 
 
 def load(name: str) -> dict:
-    return yaml.safe_load((SWEEPS_DIR / f"{name}.yaml").read_text()) or {}
+    return yaml.safe_load(_path(name).read_text()) or {}
 
 
 def available() -> List[str]:
-    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+    return sorted({p.stem for p in SWEEPS_DIR.glob("*.yaml")} | {p.stem for p in SWEEPS_DIR.glob(f"*{SUITE_SUFFIX}")})
 
 
 def expand(names: List[str]) -> List[str]:
