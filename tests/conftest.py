@@ -17,6 +17,20 @@ from ablate import CONF_DIR
 from ablate.schema import register, validate
 
 REPO = Path(__file__).resolve().parents[1]
+# What a launcher, Slurm or a W&B login would have put in the environment, removed once for the whole test
+# run: the suite runs as a user's plain shell would, and every `python -m ablate` it starts inherits this.
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "SUBMITIT_", "OMPI_COMM_WORLD_", "PMI_")
+CREDENTIALS = ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_RUN_ID", "WANDB_RUN_GROUP")
+
+
+def launcher_variables() -> Dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k in RANK_VARIABLES or k in CREDENTIALS or k.startswith(LAUNCHER_PREFIXES)}
+
+
+for _name in launcher_variables():
+    del os.environ[_name]
 register()
 # measured peaks (and the noise floor) go to a cache of the test session's own, never the user's
 os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
@@ -69,16 +83,12 @@ def fast():
     return ["train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=256"]
 
 
-RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS")
-
-
 @pytest.fixture(autouse=True)
 def no_rank_variables_leak():
     """Every later `python -m ablate` inherits this process's environment: a RANK or MASTER_PORT left behind
     by one test makes every later run think it is a rank of some job (it happened once: 52 failures)."""
-    before = {k: os.environ.get(k) for k in RANK_VARIABLES}
     yield
-    leaked = {k: os.environ[k] for k in RANK_VARIABLES if os.environ.get(k) != before[k]}
+    leaked = launcher_variables()
     for k in leaked:
-        os.environ.pop(k) if before[k] is None else os.environ.__setitem__(k, before[k])
-    assert not leaked, f"the test left rank variables in the environment: {leaked}"
+        os.environ.pop(k)
+    assert not leaked, f"the test left launcher variables in the environment: {leaked}"

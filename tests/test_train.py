@@ -58,6 +58,19 @@ def test_summary_has_every_figure_or_says_why_not(tmp_path, fast):
         assert summary["fragmentation"] is None and "CUDA" in summary["notes"]["fragmentation"]
         assert summary["env"]["allocator"]["applicable"] is False
     assert summary["state_bytes"]["optimizer"] == 2 * summary["state_bytes"]["params"] + 4 * 21  # Adam m, v + steps
+    assert_every_figure_has_its_unit(summary)
+
+
+def assert_every_figure_has_its_unit(summary):
+    """Every number of a real summary rendered once through the one units table (console, plan, report)."""
+    from ablate import units
+
+    rendered = {k: units.fmt(k, v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}
+    assert rendered["tokens_per_s"].endswith(" tok/s") and rendered["tokens_per_s_per_device"].endswith(" tok/s")
+    assert rendered["step_time_s"].endswith(" s") and rendered["mem_peak_bytes"].endswith("B")
+    assert rendered["data_wait_frac"].endswith("%")
+    rates = {k: v for k, v in rendered.items() if k.endswith("_per_s")}
+    assert rates and not [v for v in rates.values() if v.endswith(" s")], rates   # a rate is never a time
 
 
 @pytest.mark.slow

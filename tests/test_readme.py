@@ -1,0 +1,114 @@
+"""The documentation is the test list: every command in the `bash` and `console` blocks of README.md and
+sweeps/README.md, typed as a user types it — from a directory outside the checkout, in an environment with
+only PATH and HOME (no rank, Slurm or W&B variables), with the installed `python` — in the order written.
+The only change is appending a few training steps to what trains (SHORT); a command added to a block is
+covered without a test written for it. `bash` lines must exit 0 without a traceback; a `console` block's
+`$ ` lines must print exactly the line documented under them, exit 2 and leave no directory behind.
+`make` lines are CI's own (`make test` is this suite; `make run` is `python -m ablate`, typed below)."""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+DOCS = [REPO / "README.md", REPO / "sweeps" / "README.md"]
+SHORT = ["train.steps=8", "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=256"]
+TRAINS = ("ablate", "ablate.sweeps")     # entry points that train, so take SHORT
+# what libraries print on their own (torch's deprecations under DeepSpeed, DeepSpeed's op builds and
+# compiler probes, Kineto's USDT lines, W&B's banner): the run's log file, never the terminal
+LIBRARY_NOISE = re.compile(r"FutureWarning|DeprecationWarning|^USDT:|\bgcc |built successfully|^wandb: ", re.M)
+
+
+def blocks(text: str) -> List[Tuple[str, List[str]]]:
+    """(language, lines) of every fenced block."""
+    return [(m.group(1), m.group(2).splitlines()) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
+
+
+def commands() -> List[Tuple[str, str, Optional[str]]]:
+    """(source, command line, expected output or None), deduplicated, in document order."""
+    out, seen = [], set()
+    for doc in DOCS:
+        for lang, lines in blocks(doc.read_text()):
+            if lang == "bash":   # a line continued with a backslash is one command; comments dropped
+                logical = "\n".join(lines).replace("\\\n", " ").splitlines()
+                found = [(cmd, None) for cmd in (shlex.join(shlex.split(ln, comments=True)) for ln in logical) if cmd]
+            elif lang == "console":
+                found = [(lines[i][2:].split("  #")[0].strip(), lines[i + 1].strip())
+                         for i in range(len(lines) - 1) if lines[i].startswith("$ ")]
+            else:
+                continue
+            for line, expected in found:
+                if line.startswith("make ") or line in seen:
+                    continue
+                seen.add(line)
+                out.append((doc.relative_to(REPO).as_posix(), line, expected))
+    return out
+
+
+def shortened(argv: List[str]) -> List[str]:
+    """The user's command with a few training steps appended (never anything edited)."""
+    module = argv[2] if argv[:2] == ["python", "-m"] else ("ablate" if argv[0] == "ablate" else None)
+    if module not in TRAINS or "--list" in argv:
+        return argv
+    if module == "ablate.sweeps" and "--" not in argv:
+        return [*argv, "--", *SHORT]
+    return [*argv, *SHORT]
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """A user's shell: a working directory outside the checkout, only PATH (with the installed python
+    first) and HOME; measured peaks go to a cache of the test run's own, never the user's."""
+    workdir = tmp_path_factory.mktemp("user")
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOME": os.environ["HOME"],
+           "ABLATE_CACHE_DIR": os.environ["ABLATE_CACHE_DIR"]}
+    return workdir, env
+
+
+def type_command(line: str, expected: Optional[str], user) -> subprocess.CompletedProcess:
+    workdir, env = user
+    argv = shortened(shlex.split(line)) if expected is None else shlex.split(line)
+    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+
+
+def run_dirs(stderr: str) -> List[Path]:
+    return [Path(m) for m in re.findall(r"^run dir: (.+)$", stderr, re.M)]
+
+
+def test_the_docs_have_commands():
+    found = commands()
+    lines = [c[1] for c in found]
+    assert "python -m ablate precision=bf16 parallel=zero3" in lines
+    assert "python -m ablate -m precision=fp32,bf16 parallel=ddp,zero3 launcher.nproc_per_node=2" in lines
+    assert sum(c[2] is not None for c in found) >= 3
+
+
+@pytest.mark.parametrize("source,line,expected", commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_documented_command_runs_as_typed(source, line, expected, user):
+    before = set(user[0].rglob("*"))
+    done = type_command(line, expected, user)
+    shown = f"{source}: `{line}` exited {done.returncode}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, shown
+    if expected is not None:            # a documented refusal: that one line, exit 2, nothing made
+        assert done.returncode == 2, shown
+        assert done.stderr.strip() == expected, shown
+        assert set(user[0].rglob("*")) == before, "a refused command left files behind"
+        return
+    assert done.returncode == 0, shown
+    assert not LIBRARY_NOISE.search(done.stdout + done.stderr), shown    # it went to <run dir>/ablate.log
+    for run_dir in run_dirs(done.stderr):    # every run it reports has its record
+        assert (run_dir / "summary.json").exists(), shown
+    if line.startswith("python -m ablate -m "):
+        assert len(run_dirs(done.stderr)) == 4, shown
+    if line == "python -m ablate precision=bf16 parallel=zero3":
+        summary = json.loads((run_dirs(done.stderr)[0] / "summary.json").read_text())
+        assert summary["numerics"]["compute_dtype"] == "bfloat16" and summary["per_rank"][0]["rank"] == 0
+        assert str(user[0]) in summary["run_dir"]          # written under the user's directory
