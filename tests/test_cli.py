@@ -42,7 +42,8 @@ def test_fp8_on_a_cpu_is_refused_before_any_work(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["train.lr=nan"], "train.lr=nan: out of range; allowed: a finite number > 0"),
-    (["dataloader=pinned", "dataloader.prefetch_factor=0"], "dataloader.prefetch_factor=0: out of range; allowed: >= 1"),
+    (["dataloader=pinned", "dataloader.prefetch_factor=0"],
+     "dataloader.prefetch_factor=0: out of range; allowed: >= 1"),
     (["+train.lrr=1"], "train.lrr: no such key in 'train'"),
 ])
 def test_more_bad_values_are_one_line(tmp_path, args, needle):

@@ -96,9 +96,11 @@ class TrainConfig:
     steps: int = num(40, 1)                # optimizer steps
     warmup_steps: int = num(5, 0)          # excluded from every speed figure (compile, allocator warm-up)
     batch_size: int = num(8, 1)            # per rank and micro-step (derived when global_batch_size is set)
-    global_batch_size: Optional[int] = num(None, 1, null="batch_size per rank")   # sequences per optimizer step, all ranks
+    # sequences per optimizer step over all ranks (batch_size is then derived)
+    global_batch_size: Optional[int] = num(None, 1, null="batch_size per rank")
     seq_len: int = num(64, 1)
-    seq_len_min: Optional[int] = num(None, 1, null="every batch train.seq_len long")   # set: each batch's length is drawn from [seq_len_min, seq_len]
+    # set: each batch's length is drawn from [seq_len_min, seq_len]
+    seq_len_min: Optional[int] = num(None, 1, null="every batch train.seq_len long")
     grad_accum: int = num(1, 1)            # micro-steps per optimizer step
     lr: float = num(3e-3, 0, low_open=True)
     weight_decay: float = num(0.1, 0)
@@ -111,7 +113,7 @@ class TrainConfig:
     device: str = "auto"           # auto | cpu | cuda
     resume: Optional[str] = None   # a checkpoint file or run directory to continue
     checkpoint_every: int = num(0, 0)      # 0: only when stopped by a signal (and at the last step when > 0)
-    max_nonfinite_steps: int = num(10, 0)  # consecutive NaN/inf steps that stop the run (0: never); checked at log steps
+    max_nonfinite_steps: int = num(10, 0)  # consecutive NaN/inf steps that stop the run (0: never); at log steps
     skip_memory_check: bool = False   # start even when the memory estimate says the run cannot fit
 
     def __post_init__(self):
@@ -212,7 +214,7 @@ class LoggerConfig:
     group: Optional[str] = None          # W&B group (a sweep's name)
     job_type: Optional[str] = None       # W&B job_type (a week-4 claim)
     tags: List[str] = field(default_factory=list)
-    init_timeout_s: float = num(15.0, 0, low_open=True)         # online W&B that does not answer by then: log offline, sync later
+    init_timeout_s: float = num(15.0, 0, low_open=True)   # online W&B that does not answer by then: log offline
 
     def __post_init__(self):
         check_ranges(self, "logger")
@@ -243,7 +245,8 @@ class LauncherConfig:
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
     check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
     cancel_unrunnable: bool = True       # wait: cancel a job whose pending reason cannot clear by itself
-    array_parallelism: Optional[int] = num(None, 1, null="no limit")   # -m sweeps go as one job array: at most this many tasks at once
+    # -m sweeps go as one job array: at most this many tasks at once
+    array_parallelism: Optional[int] = num(None, 1, null="no limit")
 
     def __post_init__(self):
         check_ranges(self, "launcher")
@@ -257,7 +260,8 @@ class LauncherConfig:
 @dataclass
 class MetricsConfig:
     """Measurement knobs (not a group: plain fields under `metrics`)."""
-    peak_tflops: Optional[float] = num(None, 0, low_open=True, null="datasheet or measured")  # override the datasheet/measured peak
+    # override the datasheet/measured peak
+    peak_tflops: Optional[float] = num(None, 0, low_open=True, null="datasheet or measured")
     gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
     gemm_probe_n: int = num(0, 0)                # 0: 8192 on CUDA, 1024 on CPU
     nvml_interval_s: float = num(0.2, 0, low_open=True)
