@@ -106,3 +106,50 @@ def test_long_override_lists_make_folder_names_that_fit():
     cut = short_dirname(long)
     assert cut.startswith("parallel=ddp,train.seed=1_") and len(cut) <= 150
     assert cut != short_dirname(long.replace("seed=1", "seed=2"))
+
+
+def numeric_fields():
+    """(key, field, type) for every number in the schema, walked from AblateConfig's dataclasses."""
+    import dataclasses
+    import typing
+
+    from ablate.config import AblateConfig
+
+    out = []
+    for group in dataclasses.fields(AblateConfig):
+        cls = group.default_factory
+        if not dataclasses.is_dataclass(cls):
+            continue
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = next((t for t in (bool, int, float) if hints[f.name] in (t, typing.Optional[t])), None)
+            if kind in (int, float):
+                out.append((f"{group.name}.{f.name}", f, kind))
+    return out
+
+
+def outside(rng, kind):
+    """A value just outside a declared range."""
+    step = 1 if kind is int else 0.5
+    if rng.low is not None:
+        return rng.low if rng.low_open else rng.low - step
+    return rng.high if rng.high_open else rng.high + step
+
+
+def test_every_number_in_the_schema_declares_its_range():
+    missing = [key for key, f, _ in numeric_fields() if "range" not in f.metadata]
+    assert not missing, f"numeric fields without a range (config.num): {missing}"
+    assert len(numeric_fields()) >= 50
+
+
+@pytest.mark.parametrize("key,field,kind", numeric_fields(), ids=lambda v: v if isinstance(v, str) else "")
+def test_an_out_of_range_number_is_refused_in_one_line(key, field, kind):
+    rng = field.metadata["range"]
+    bad = outside(rng, kind)
+    if kind is int:
+        bad = int(bad)
+    with pytest.raises(ConfigError) as refused:
+        validate(compose_cfg([f"{key}={bad}"]))
+    message = str(refused.value)
+    assert message.startswith(f"{key}=") and f"out of range; allowed: {rng}" in message, message
+    assert "\n" not in message

@@ -203,6 +203,9 @@ class NcclConfig:
     # 0-3 as TORCH_NCCL_ASYNC_ERROR_HANDLING reads it (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp)
     async_error_handling: Optional[int] = num(None, 0, 3, null="torch's default")   # under the name torch reads
 
+    def __post_init__(self):
+        check_ranges(self, "nccl")
+
 
 @dataclass
 class LoggerConfig:
