@@ -92,3 +92,27 @@ def no_rank_variables_leak():
     for k in leaked:
         os.environ.pop(k)
     assert not leaked, f"the test left launcher variables in the environment: {leaked}"
+
+
+# The few steps every strategy x precision run takes, shared by the parity tests and the choice matrix so
+# that each (parallel, precision, ranks, extras) trains once per test session.
+RUN_COMMON = ["logger=none", "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=128"]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """trained(parallel, precision, ranks, *extra) -> (summary, metrics rows) of a real `python -m ablate`
+    run, memoised for the session."""
+    done: Dict[tuple, tuple] = {}
+
+    def run(parallel_choice: str, precision_choice: str, ranks: int, *extra: str):
+        key = (parallel_choice, precision_choice, ranks, *extra)
+        if key not in done:
+            run_dir = tmp_path_factory.mktemp(f"{parallel_choice}_{precision_choice}_{ranks}")
+            result = run_cli([*RUN_COMMON, f"parallel={parallel_choice}", f"precision={precision_choice}",
+                              f"launcher.nproc_per_node={ranks}", *extra, f"hydra.run.dir={run_dir}"])
+            assert result.returncode == 0, f"{key}: {result.stderr[-4000:]}"
+            done[key] = (json.loads((run_dir / "summary.json").read_text()), read_jsonl(run_dir / "metrics.jsonl"))
+        return done[key]
+
+    return run

@@ -8,42 +8,24 @@ import pytest
 from ablate import parallel
 from ablate.plan import param_numels
 from ablate.schema import validate
-from conftest import compose_cfg, read_jsonl, run_cli
+from conftest import RUN_COMMON, compose_cfg, run_cli
 
 pytestmark = pytest.mark.slow
 STRATEGIES = ["ddp", "ddp_sync", "fsdp2", "zero1", "zero2", "zero3"]
-COMMON = ["logger=none", "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=128"]
-
-
-def two_ranks(tmp_path_factory, parallel, *extra):
-    run_dir = tmp_path_factory.mktemp(parallel)
-    result = run_cli([*COMMON, "launcher.nproc_per_node=2", f"parallel={parallel}", *extra,
-                      f"hydra.run.dir={run_dir}"])
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads((run_dir / "summary.json").read_text()), read_jsonl(run_dir / "metrics.jsonl")
+COMMON = RUN_COMMON
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(trained):
     """Every strategy once on 2 ranks (grad_accum=1), plus the single-process reference with the same
     global batch: 1 rank x 2 micro-steps sees exactly the batches 2 ranks x 1 micro-step see."""
-    out = {p: two_ranks(tmp_path_factory, p) for p in STRATEGIES}
-    ref_dir = tmp_path_factory.mktemp("single")
-    result = run_cli([*COMMON, "train.grad_accum=2", f"hydra.run.dir={ref_dir}"])
-    assert result.returncode == 0, result.stderr[-4000:]
-    out["single"] = (json.loads((ref_dir / "summary.json").read_text()), read_jsonl(ref_dir / "metrics.jsonl"))
-    return out
+    return {**{p: trained(p, "fp32", 2) for p in STRATEGIES}, "single": trained("none", "fp32", 1, "train.grad_accum=2")}
 
 
 @pytest.fixture(scope="module")
-def bf16_runs(tmp_path_factory):
+def bf16_runs(trained):
     """The same, with precision=bf16: one meaning of bf16 under every strategy."""
-    out = {p: two_ranks(tmp_path_factory, p, "precision=bf16") for p in STRATEGIES}
-    ref_dir = tmp_path_factory.mktemp("single_bf16")
-    result = run_cli([*COMMON, "precision=bf16", "train.grad_accum=2", f"hydra.run.dir={ref_dir}"])
-    assert result.returncode == 0, result.stderr[-4000:]
-    out["single"] = (json.loads((ref_dir / "summary.json").read_text()), read_jsonl(ref_dir / "metrics.jsonl"))
-    return out
+    return {**{p: trained(p, "bf16", 2) for p in STRATEGIES}, "single": trained("none", "bf16", 1, "train.grad_accum=2")}
 
 
 # Every strategy computes bf16 from the same fp32 master weights, so only the order of summing gradients
@@ -86,9 +68,9 @@ def test_every_strategy_communicates_and_is_counted(runs, parallel):
     assert len(summary["per_rank"]) == 2 and summary["tokens_per_s"] > 0
 
 
-def test_no_sync_sends_exactly_one_eighth_of_the_bytes(tmp_path_factory):
-    synced, _ = two_ranks(tmp_path_factory, "ddp_sync", "train.grad_accum=8")
-    deferred, _ = two_ranks(tmp_path_factory, "ddp", "train.grad_accum=8")
+def test_no_sync_sends_exactly_one_eighth_of_the_bytes(trained):
+    synced, _ = trained("ddp_sync", "fp32", 2, "train.grad_accum=8")
+    deferred, _ = trained("ddp", "fp32", 2, "train.grad_accum=8")
     assert deferred["comm_bytes_per_step"] / synced["comm_bytes_per_step"] == 0.125
     assert deferred["comm_calls_per_step"] / synced["comm_calls_per_step"] == 0.125
     # one all-reduce of every fp32 gradient per optimizer step

@@ -1,0 +1,61 @@
+"""The choice matrix, enumerated from the registries (a choice added later is covered without a test):
+every parallel x precision choice, on one process and on 2 local ranks, either trains a few steps or is
+refused in one line before anything starts. The decision is the preflight's (what `python -m ablate`
+runs first); each distinct refusal is also typed on the command line: exit 2, that line, no run dir."""
+import math
+
+import pytest
+
+from ablate import parallel, precision
+from ablate.cli import preflight
+from ablate.config import ConfigError
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+CASES = [(p, q, n) for p in parallel.REGISTRY for q in precision.REGISTRY for n in (1, 2)]
+
+
+def overrides(par: str, prec: str, ranks: int):
+    return [f"parallel={par}", f"precision={prec}", f"launcher.nproc_per_node={ranks}"]
+
+
+def refusal(par: str, prec: str, ranks: int):
+    """None when this machine runs the combination, else the one-line reason the preflight gives."""
+    try:
+        preflight(overrides(par, prec, ranks))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("par,prec,ranks", CASES, ids=[f"{p}-{q}-{n}rank" for p, q, n in CASES])
+def test_every_choice_trains_or_is_refused_in_one_line(par, prec, ranks, trained):
+    why = refusal(par, prec, ranks)
+    if why is not None:
+        assert "\n" not in why and any(k in why for k in ("parallel", "precision", "launcher")), why
+        return
+    summary, rows = trained(par, prec, ranks)
+    assert summary["world_size"] == ranks and len(summary["per_rank"]) == ranks
+    assert summary["choices"]["parallel"] == par and summary["choices"]["precision"] == prec
+    assert rows and all(math.isfinite(r["loss"]) for r in rows)
+    assert summary["numerics"]["compute_dtype"]          # the strategy said what it ran
+
+
+def distinct_refusals():
+    seen = {}
+    for case in CASES:
+        why = refusal(*case)
+        if why is not None:
+            seen.setdefault(why.split(":")[1] if ":" in why else why, (case, why))
+    return list(seen.values())
+
+
+def test_each_kind_of_refusal_on_the_command_line(tmp_path):
+    kinds = distinct_refusals()
+    assert len(kinds) >= 3          # fp8 without an sm_89 GPU, fp16 under fsdp2, parallel=none on 2 ranks...
+    for (par, prec, ranks), why in kinds:
+        run_dir = tmp_path / f"{par}-{prec}-{ranks}"
+        result = run_cli([*overrides(par, prec, ranks), f"hydra.run.dir={run_dir}"])
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.strip() == f"ablate: error: {why}"
+        assert not run_dir.exists()
