@@ -1,6 +1,5 @@
 """Real 2-rank runs (gloo, local processes) of every strategy, real DeepSpeed included: measured
 communication, per-rank model state against the planner, loss parity, failure behaviour."""
-import json
 import time
 
 import pytest
@@ -19,13 +18,15 @@ COMMON = RUN_COMMON
 def runs(trained):
     """Every strategy once on 2 ranks (grad_accum=1), plus the single-process reference with the same
     global batch: 1 rank x 2 micro-steps sees exactly the batches 2 ranks x 1 micro-step see."""
-    return {**{p: trained(p, "fp32", 2) for p in STRATEGIES}, "single": trained("none", "fp32", 1, "train.grad_accum=2")}
+    single = trained("none", "fp32", 1, "train.grad_accum=2")
+    return {**{p: trained(p, "fp32", 2) for p in STRATEGIES}, "single": single}
 
 
 @pytest.fixture(scope="module")
 def bf16_runs(trained):
     """The same, with precision=bf16: one meaning of bf16 under every strategy."""
-    return {**{p: trained(p, "bf16", 2) for p in STRATEGIES}, "single": trained("none", "bf16", 1, "train.grad_accum=2")}
+    single = trained("none", "bf16", 1, "train.grad_accum=2")
+    return {**{p: trained(p, "bf16", 2) for p in STRATEGIES}, "single": single}
 
 
 # Every strategy computes bf16 from the same fp32 master weights, so only the order of summing gradients
