@@ -160,3 +160,18 @@ def test_variants_without_a_row_never_borrow_another_parts_peak():
         with pytest.warns(UserWarning, match="no datasheet peak"):
             assert F.datasheet_peak(name, "bf16") is None
     assert F.datasheet_peak("NVIDIA H200", "bf16") == 989e12       # the SXM part keeps its row
+
+
+def test_mfu_conventions_by_hand():
+    """Tiny model (dim 64, 2 layers, 4 heads / 2 kv heads, ffn 192, vocab 256), 64-token sequences:
+    blocks 2 x (64*16*(2*4 + 2*2) + 3*64*192) = 98,304 matmul parameters, head 64*256 = 16,384;
+    6N = 6 x 114,688 = 688,128; full attention 12*2*64*64 = 98,304 per token, causal half 49,152."""
+    from ablate.config import ModelConfig
+    from ablate.metrics import flops as F
+
+    tokens = 1000.0
+    c = F.conventions(ModelConfig(), tokens, tokens * 64)
+    assert c == {"6N": 688_128, "6N+attn_full": 786_432, "6N+attn_causal": 737_280, "8N_hardware": 786_432}
+    recompute = F.conventions(ModelConfig(activation_checkpointing=True), tokens, tokens * 64)
+    # one more forward of each block but its last matmul (w2: 2 x 192*64 per layer): 2*(98,304 - 24,576) + 32,768
+    assert recompute["8N_hardware"] == 786_432 + 2 * (98_304 - 24_576) + 4 * 2 * 64 * 64

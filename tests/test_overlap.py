@@ -61,3 +61,48 @@ def test_a_step_without_communication_has_no_overlap_fraction():
     trace = {"traceEvents": [ev("ProfilerStep#1", 0, 100, cat="user_annotation"), ev("aten::mm", 0, 80)]}
     result = O.analyze(trace)
     assert result["steps"][0]["comm_overlap_frac"] is None and result["mean"]["comm_overlap_frac"] is None
+
+
+def cuda_trace():
+    """Two steps in the shape Kineto writes on CUDA (pids and tids as it gives them: the host process, the
+    device's streams). Each step is annotated twice: `user_annotation` on the host (which runs ahead of the
+    device) and `gpu_user_annotation` on the device; collectives are annotated on the host (`nccl:*`, the
+    enqueue), mirrored on the device, and run as NCCL kernels. Device step 1 is 0-1000 us: compute kernels
+    0-400 and 800-900, the all-reduce kernel 300-700 (100 us under compute, 300 exposed), an HtoD copy
+    950-1000; idle = 1000 - |0-700 ∪ 800-900 ∪ 950-1000| = 150. Device step 2 is 1000-1600: compute
+    1000-1500, the all-reduce kernel 1100-1300 (wholly hidden); idle 100."""
+    host, dev = {"pid": 4242, "tid": 4242}, {"pid": 0}
+
+    def h(name, ts, dur, cat):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, **host}
+
+    def d(name, ts, dur, cat, stream=7):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "tid": stream, **dev}
+
+    return {"traceEvents": [
+        h("ProfilerStep#1", -300, 500, "user_annotation"), h("ProfilerStep#2", 200, 450, "user_annotation"),
+        d("ProfilerStep#1", 0, 1000, "gpu_user_annotation"), d("ProfilerStep#2", 1000, 600, "gpu_user_annotation"),
+        h("aten::mm", -290, 20, "cpu_op"), h("cudaLaunchKernel", -285, 5, "cuda_runtime"),
+        h("nccl:all_reduce", -100, 30, "user_annotation"),              # the enqueue, not the transfer
+        d("nccl:all_reduce", 300, 400, "gpu_user_annotation", stream=20),
+        d("sm90_xmma_gemm_bf16bf16", 0, 400, "kernel"), d("void at::native::vectorized_elementwise", 800, 100,
+                                                                   "kernel"),
+        d("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 400, "kernel", stream=20),
+        d("Memcpy HtoD (Pinned -> Device)", 950, 50, "gpu_memcpy", stream=30),
+        h("nccl:all_reduce", 250, 30, "user_annotation"),
+        d("sm90_xmma_gemm_bf16bf16", 1000, 500, "kernel"),
+        d("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1100, 200, "kernel", stream=20),
+    ]}
+
+
+def test_a_cuda_trace_has_one_window_per_step_and_counts_only_nccl_kernels():
+    result = O.analyze(cuda_trace())
+    assert [s["step"] for s in result["steps"]] == [1, 2] and result["device"] == "gpu"
+    s1, s2 = result["steps"]
+    assert s1["step_s"] == pytest.approx(1000e-6) and s2["step_s"] == pytest.approx(600e-6)
+    assert s1["comm_s"] == pytest.approx(400e-6) and s1["compute_s"] == pytest.approx(500e-6)
+    assert s1["comm_exposed_s"] == pytest.approx(300e-6) and s1["comm_overlap_frac"] == pytest.approx(0.25)
+    assert s1["data_wait_s"] == pytest.approx(50e-6) and s1["idle_s"] == pytest.approx(150e-6)
+    assert s2["comm_s"] == pytest.approx(200e-6) and s2["comm_exposed_s"] == 0
+    assert s2["compute_s"] == pytest.approx(500e-6) and s2["idle_s"] == pytest.approx(100e-6)
+    assert result["mean"]["comm_exposed_s"] == pytest.approx(150e-6)

@@ -194,3 +194,19 @@ def test_a_run_past_its_timeout_is_killed_named_and_the_sweep_goes_on(tmp_path):
     assert result.stdout.count("FAILED (exit 124)") == 2          # both arms tried, each killed at 1 s
     assert "timed out after 1 s (--run-timeout)" in result.stderr
     assert "aa_noise sweep.arm=a r0; aa_noise sweep.arm=b r0" in result.stderr.splitlines()[-1]
+
+
+def test_c1_tells_the_articles_mfu_under_each_convention(tmp_path):
+    """The article's 60.6% is counted with 6N: the same throughput with each convention's FLOPs per token.
+    With 6N = 700 and full attention = 800 FLOPs/token: 60.6% x 800/700 = 69.3%, causal 750: 64.9%."""
+    sweep = {"name": "c1_mfu", "claim": "C1", "knob": "model.activation_checkpointing", "baseline": False,
+             "treatment": True, "checks": [{"metric": "hw_flops_per_token", "effect": "ratio", "claimed": 1.333}]}
+    conventions = {"6N": 700, "6N+attn_full": 800, "6N+attn_causal": 750, "8N_hardware": 800}
+    for ckpt, hw in ((False, 800), (True, 1000)):
+        fake_run(tmp_path, f"ckpt_{ckpt}", {"model": {"activation_checkpointing": ckpt}}, {**sweep, "repeat": 0},
+                 hw_flops_per_token=hw, mfu_convention="6N+attn_full", seq_len=64,
+                 mfu_conventions={k: {"flops_per_token": v, "mfu": None} for k, v in conventions.items()})
+    assert report.main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "the article's 60.6% (6N) under each convention" in md
+    assert "6N 60.6%, 6N+attn_full 69.3%, 6N+attn_causal 64.9%, 8N_hardware 69.3%" in md

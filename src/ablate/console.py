@@ -123,7 +123,8 @@ def print_summary(summary: Dict[str, object]) -> None:
     notes, invalid = summary.get("notes", {}), summary.get("invalid") or {}
     for key in SUMMARY_ROWS:
         value = "[red]invalid" if key in invalid else units.fmt(key, summary.get(key))
-        table.add_row(key, value, notes.get(key, ""))
+        label = f"{key} ({summary['mfu_convention']})" if key == "mfu" and summary.get("mfu_convention") else key
+        table.add_row(label, value, notes.get(key, ""))
     console.print(table)
     if len(summary.get("hosts") or []) > 1:
         console.print("ranks: " + ", ".join(f"{host} {ranks}" for host, ranks in summary["ranks_by_host"].items()))

@@ -161,7 +161,7 @@ def build(dirs: List[Path], mixed_hardware: bool = False) -> Dict[str, object]:
     groups += [adhoc] if adhoc else []
     checks = [check(g, spec, mixed_hardware) for g in groups for spec in g.sweep.get("checks", [])]
     return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks,
-            "noise_floor": noise_floor(groups, checks)}
+            "noise_floor": noise_floor(groups, checks), "arithmetic": arithmetic_checks() + article_mfu(groups)}
 
 
 def arithmetic_checks() -> List[str]:
@@ -174,6 +174,23 @@ def arithmetic_checks() -> List[str]:
             f"C3: 87.5% = 1 - 1/8: one all-reduce instead of eight at grad_accum 8 ({1 - 1 / 8:.3f})",
             "C1: 6N = forward 2N + backward 4N per token; 8N adds the recomputed forward (ablate's HFU: "
             "~7.7N, PyTorch does not redo each block's last matmul)"]
+
+
+ARTICLE_MFU = 0.606   # docs/week4.md, C1: "MFU 19.6% -> 60.6%", counted with 6N (no checkpointing)
+
+
+def article_mfu(groups) -> List[str]:
+    """The article's 60.6% (6N) told under each MFU convention for the model C1 measured here: the same
+    throughput with each convention's FLOPs per token."""
+    runs = [r for g in groups if g.sweep.get("claim") == "C1" for arm in g.arms.values() for r in arm.runs
+            if r.summary.get("mfu_conventions") and not r.knob("model.activation_checkpointing")]
+    if not runs:
+        return []
+    fpt = {k: v["flops_per_token"] for k, v in runs[0].summary["mfu_conventions"].items()}
+    told = ", ".join(f"{name} {ARTICLE_MFU * f / fpt['6N']:.1%}" for name, f in fpt.items())
+    return [f"C1: the article's {ARTICLE_MFU:.1%} (6N) under each convention for this model "
+            f"({runs[0].summary.get('seq_len')} tokens per sequence): {told}; ablate's `mfu` is "
+            f"{runs[0].summary.get('mfu_convention')}"]
 
 
 def write_csv(path: Path, checks: List[Check]) -> None:

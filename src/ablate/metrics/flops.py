@@ -18,7 +18,7 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -104,6 +104,28 @@ def full_recompute_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -
     block (all its matmuls and attention); the LM head is not checkpointed. What C1 "expects here"."""
     fwd_blocks = 2 * block_matmul_params(cfg) * tokens + 4 * cfg.n_layers * cfg.dim * tokens_x_len
     return training_flops(cfg, tokens, tokens_x_len).model + fwd_blocks
+
+
+# Published MFU figures differ by what they count, so the summary gives each (`mfu_conventions`):
+#   6N              matmul parameters only (blocks + LM head): the Kaplan et al. 2020 rule, no attention
+#   6N+attn_full    + the full seq x seq attention products: PaLM (Chowdhery et al. 2022, appendix B),
+#                   torchtitan, llm-foundry, nanoGPT; ablate's own `mfu`
+#   6N+attn_causal  attention halved for the causal mask: Megatron-LM (num_floating_point_operations)
+#   8N_hardware     + what activation checkpointing recomputes (the article's 8N; ablate's `hfu`)
+MFU_CONVENTION = "6N+attn_full"
+# The best published bf16 dense MFU: Megatron-Core "up to 47% MFU on H100 clusters" (GPT-3 175B, its
+# performance docs). A figure above it gets a second look (the peak, the FLOP count); it is never clamped.
+BEST_PUBLISHED_MFU = 0.47
+
+
+def conventions(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> Dict[str, float]:
+    """FLOPs per token under each convention above, for these tokens (mean sequence length from
+    tokens_x_len, as training_flops has it)."""
+    fl = training_flops(cfg, tokens, tokens_x_len)
+    dense = 6.0 * (block_matmul_params(cfg) + cfg.dim * cfg.vocab_size)
+    attention = fl.model / tokens - dense
+    return {"6N": dense, "6N+attn_full": fl.model / tokens, "6N+attn_causal": dense + attention / 2,
+            "8N_hardware": fl.hardware / tokens}
 
 
 def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Optional[float]) -> Optional[float]:

@@ -180,6 +180,10 @@ class Meter:
         out.update({
             "flops_per_token": t["flops"] / t["tokens"], "hw_flops_per_token": t["hw_flops"] / t["tokens"],
             "flops_per_token_6n": 6 * F.block_matmul_params(self.cfg.model),
+            "mfu_convention": F.MFU_CONVENTION,
+            "mfu_conventions": {name: {"flops_per_token": fpt, "mfu": F.utilization(out["tokens_per_s_per_device"],
+                                                                                    fpt, self.peak.value)}
+                                for name, fpt in F.conventions(self.cfg.model, t["tokens"], t["txl"]).items()},
             "flops_per_token_full_recompute":
                 F.full_recompute_flops(self.cfg.model, t["tokens"], t["txl"]) / t["tokens"],
             **self.peak.record(), "invalid": self.invalid,
@@ -193,7 +197,21 @@ class Meter:
         })
         out.update(self._memory_summary())
         out["loss"] = self.last.get("loss")
+        self._second_look(out)
         return out
+
+    def _second_look(self, out: Dict[str, object]) -> None:
+        """A bf16 dense MFU above the best published figure is flagged (a note), never clamped. Only against
+        a datasheet or given peak: a measured peak (a CPU's GEMM probe) is this machine's own matmul rate,
+        against which a high share is expected."""
+        mfu = out.get("mfu")
+        if mfu is not None and mfu > F.BEST_PUBLISHED_MFU and self.peak.source != "measured" \
+                and self.cfg.precision.name == "bf16":
+            out.setdefault("flags", {})["mfu"] = (
+                f"MFU {mfu:.1%} ({F.MFU_CONVENTION}) is above the best published bf16 dense figure "
+                f"({F.BEST_PUBLISHED_MFU:.0%}, Megatron-Core on H100): check the peak ({self.peak.source}) "
+                "and the FLOP count before quoting it")
+            self.notes["mfu"] = out["flags"]["mfu"]
 
     def _memory_summary(self) -> Dict[str, object]:
         m = self.mem_max

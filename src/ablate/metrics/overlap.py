@@ -1,8 +1,12 @@
 """Exposed communication and data wait, measured from a profiler trace (Chrome trace JSON).
 
 One definition (README, summary notes), per profiled step (`ProfilerStep#N` window), in seconds:
+- step     = the `ProfilerStep#N` window; on a GPU Kineto writes it twice (the host's `user_annotation`,
+             which runs ahead of the device, and the device's `gpu_user_annotation`): the device's is the
+             step, since every figure below is read from the device's timeline;
 - comm     = union of the collectives' execution: on a CPU the `gloo:*` annotations on gloo's own
-             threads (they cover the wait for the peer rank; barriers excluded), on a GPU the NCCL kernels;
+             threads (they cover the wait for the peer rank; barriers excluded), on a GPU the NCCL kernels
+             only (the host's `nccl:*` annotations time the enqueue, not the transfer);
 - compute  = union of the `aten::*` ops on the other threads (CPU), or of the non-NCCL kernels (GPU);
 - comm_exposed = |comm - compute|: communication nothing else ran during;
 - comm_overlap_frac = |comm ∩ compute| / |comm|;
@@ -22,6 +26,7 @@ from typing import Dict, Iterable, List, Tuple
 
 Interval = Tuple[float, float]
 COMM_PREFIXES = ("gloo:", "nccl:", "ncclKernel", "ncclDevKernel")
+NCCL_KERNELS = ("ncclKernel", "ncclDevKernel")
 DATA_NAMES = ("ablate:data_wait",)
 FIGURES = ("step_s", "compute_s", "comm_s", "comm_exposed_s", "comm_overlap_frac", "data_wait_s",
            "data_exposed_s", "idle_s")
@@ -89,19 +94,22 @@ def classify(trace: Dict) -> Dict[str, List]:
     """Step windows and the comm / compute / data intervals of a trace, by the module's definition."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     gpu = any(e.get("cat") == "kernel" for e in events)
-    comm_ev = [e for e in events if str(e.get("name", "")).startswith(COMM_PREFIXES)
-               and "barrier" not in e["name"].lower()]
-    comm_threads = {(e.get("pid"), e.get("tid")) for e in comm_ev}
     if gpu:
-        compute = [e for e in events if e.get("cat") == "kernel" and e not in comm_ev]
+        kernels = [e for e in events if e.get("cat") == "kernel"]
+        comm_ev = [e for e in kernels if str(e.get("name", "")).startswith(NCCL_KERNELS)]
+        compute = [e for e in kernels if not str(e.get("name", "")).startswith(NCCL_KERNELS)]
         copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name"))]
     else:
+        comm_ev = [e for e in events if str(e.get("name", "")).startswith(COMM_PREFIXES)
+                   and "barrier" not in e["name"].lower()]
+        comm_threads = {(e.get("pid"), e.get("tid")) for e in comm_ev}
         compute = [e for e in events if str(e.get("name", "")).startswith("aten::")
                    and (e.get("pid"), e.get("tid")) not in comm_threads]
         copies = []
     data = [e for e in events if e.get("name") in DATA_NAMES] + copies
-    steps = sorted((int(e["name"].split("#")[1]), _span(e)) for e in events
-                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+    marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    on_device = [e for e in marks if e.get("cat") == "gpu_user_annotation"]
+    steps = sorted((int(e["name"].split("#")[1]), _span(e)) for e in (on_device if gpu and on_device else marks))
     return {"steps": steps, "comm": [_span(e) for e in comm_ev], "compute": [_span(e) for e in compute],
             "data": [_span(e) for e in data], "gpu": gpu}
 
