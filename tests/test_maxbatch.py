@@ -70,3 +70,12 @@ def test_bad_search_options_are_one_line(tmp_path):
     result = run_module("ablate.maxbatch", ["--", "precision=fp9", f"hydra.run.dir={tmp_path}/x"])
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "precision=fp9" in result.stderr and not (tmp_path / "x").exists()
+
+
+def test_on_cuda_the_allocator_decides_not_ablates_estimate(tmp_path):
+    """ablate's static memory refusal is one figure for both allocators: on CUDA a trial skips it, so the
+    CUDA OOM (where expandable segments make the difference) decides; on a CPU the estimate stays."""
+    from ablate.maxbatch import Trials
+
+    assert "train.skip_memory_check=true" in Trials([], tmp_path, None, 4, cuda=True).command(64, tmp_path)
+    assert "train.skip_memory_check=true" not in Trials([], tmp_path, None, 4, cuda=False).command(64, tmp_path)

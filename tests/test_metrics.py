@@ -175,3 +175,21 @@ def test_mfu_conventions_by_hand():
     recompute = F.conventions(ModelConfig(activation_checkpointing=True), tokens, tokens * 64)
     # one more forward of each block but its last matmul (w2: 2 x 192*64 per layer): 2*(98,304 - 24,576) + 32,768
     assert recompute["8N_hardware"] == 786_432 + 2 * (98_304 - 24_576) + 4 * 2 * 64 * 64
+
+
+def test_nvml_handles_follow_cuda_visible_devices(monkeypatch):
+    """torch's device 0 is NVML's device 3 under CUDA_VISIBLE_DEVICES=3,1, and a UUID is looked up as one
+    (the memory guard, the sampler and the fp8 capability check all ask through this)."""
+    from ablate.metrics import nvml
+
+    class FakeNvml:
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return ("index", i)
+
+        def nvmlDeviceGetHandleByUUID(self, u):
+            return ("uuid", u)
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert nvml.handle(FakeNvml(), 0) == ("index", 3) and nvml.handle(FakeNvml(), 1) == ("index", 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f1c")
+    assert nvml.handle(FakeNvml(), 0) == ("uuid", "GPU-8f1c")

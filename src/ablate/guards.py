@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from ablate.config import AblateConfig, ConfigError
+from ablate.metrics import nvml
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
 _LOCKS = {}   # run dir -> open lock file, held until the run ends (release) or the process exits
@@ -109,14 +110,16 @@ def available_cpu_bytes() -> float:
 
 
 def gpu_bytes() -> Optional[float]:
-    """Memory of GPU 0 from NVML (no CUDA context is created); None without NVML."""
+    """Memory of this process's first GPU (torch's device 0, as CUDA_VISIBLE_DEVICES names it) from NVML,
+    which creates no CUDA context; None without NVML."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
-        pynvml.nvmlShutdown()
-        return float(total)
+        try:
+            return float(pynvml.nvmlDeviceGetMemoryInfo(nvml.handle(pynvml, 0)).total)
+        finally:
+            pynvml.nvmlShutdown()
     except Exception:
         return None
 

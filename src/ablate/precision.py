@@ -81,14 +81,11 @@ def compute_capability(index: int):
     try:
         import pynvml
 
-        from ablate.metrics.nvml import nvml_device
+        from ablate.metrics.nvml import handle
 
         pynvml.nvmlInit()
         try:
-            device = nvml_device(index)
-            handle = (pynvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int)
-                      else pynvml.nvmlDeviceGetHandleByUUID(device))
-            return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle(pynvml, index)))
         finally:
             pynvml.nvmlShutdown()
     except Exception:

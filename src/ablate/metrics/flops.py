@@ -137,23 +137,41 @@ def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Option
 
 def gemm_probe(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 10,
                warmup: int = 3) -> Tuple[float, float]:
-    """This machine's matmul rate: median of `repeats` n x n x n products after `warmup` ones (thread
-    pools, clocks and caches settle). Returns (FLOP/s, seconds spent)."""
+    """This machine's matmul rate: the median of `repeats` n x n x n products after `warmup` ones (thread
+    pools, clocks and caches settle). On CUDA the products run back to back, timed by CUDA events (a host
+    clock around one ~1 ms GEMM with a sync would time the launch and the sync too). Returns (FLOP/s,
+    seconds spent)."""
     started = time.perf_counter()
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    times = []
-    for i in range(repeats + warmup):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        seconds = _cuda_gemm_seconds(a, b, repeats, warmup)
+    else:
+        times = []
+        for i in range(repeats + warmup):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        seconds = statistics.median(times)
     del a, b
     if device.type == "cuda":   # the probe's buffers must not count as the run's memory or fragmentation
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    return 2 * n**3 / statistics.median(times), time.perf_counter() - started
+    return 2 * n**3 / seconds, time.perf_counter() - started
+
+
+def _cuda_gemm_seconds(a: torch.Tensor, b: torch.Tensor, repeats: int, warmup: int) -> float:
+    """Seconds per product: 5 batches of `repeats` back-to-back products between two CUDA events, median."""
+    for _ in range(warmup):
+        torch.mm(a, b)
+    per_product = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        end.record()
+        end.synchronize()
+        per_product.append(start.elapsed_time(end) / 1e3 / repeats)
+    return statistics.median(per_product)

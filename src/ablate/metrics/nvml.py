@@ -22,6 +22,13 @@ def nvml_device(torch_index: int, visible: Optional[str] = None) -> Union[int, s
     return int(entry) if entry.isdigit() else entry
 
 
+def handle(pynvml, torch_index: int):
+    """The NVML handle of torch's device `torch_index` (by index or UUID, as CUDA_VISIBLE_DEVICES names it)."""
+    device = nvml_device(torch_index)
+    return (pynvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int)
+            else pynvml.nvmlDeviceGetHandleByUUID(device))
+
+
 class UtilSampler:
     def __init__(self, torch_index: int, interval_s: float):
         self.samples: List[int] = []
@@ -34,9 +41,7 @@ class UtilSampler:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            device = nvml_device(torch_index)
-            self._handle = (pynvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int)
-                            else pynvml.nvmlDeviceGetHandleByUUID(device))
+            self._handle = handle(pynvml, torch_index)
         except Exception as e:  # no driver, no GPU, no library: utilisation is absent, not zero
             self.reason = f"NVML unavailable ({type(e).__name__}: {e})"
             return
