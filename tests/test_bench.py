@@ -77,3 +77,25 @@ def test_the_wheels_install_offline_and_a_run_works_with_them(gpu_like, tmp_path
                          text=True, env=env, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_smoke_run_brings_its_results_home_in_a_few_files(tmp_path):
+    """What the device tool returns: at most 8 files from OUT, none more than 2 folders down, plain names.
+    Two rows at toy scale on this CPU (ROWS; all four by hand: 19 summaries, 2 min 41 s): one archive holding
+    every run dir and the report, the report beside it."""
+    import tarfile
+
+    out = tmp_path / "OUT"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+           "SMOKE": "1", "PY": sys.executable, "WORK": str(tmp_path / "work"), "ROWS": "c6_pinned c1_mfu"}
+    done = subprocess.run(["bash", str(REPO / "bench/gpu_week4.sh"), str(out)], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=REPO)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    files = [p.relative_to(out) for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(f.parts) <= 3 for f in files), files
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for f in files for part in f.parts), files
+    assert (out / "report.md").read_text().startswith("#") and (out / "report.csv").exists()
+    with tarfile.open(out / "results.tar.gz") as archive:
+        names = archive.getnames()
+    assert sum(n.endswith("/summary.json") for n in names) == 4 and "./report.md" in names
+    assert any("c6_pinned/" in n for n in names) and any("c1_mfu/" in n for n in names)

@@ -210,3 +210,27 @@ def test_c1_tells_the_articles_mfu_under_each_convention(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "the article's 60.6% (6N) under each convention" in md
     assert "6N 60.6%, 6N+attn_full 69.3%, 6N+attn_causal 64.9%, 8N_hardware 69.3%" in md
+
+
+def test_c6_expects_only_what_the_loader_can_deliver(tmp_path):
+    """Naive steps of 10 ms, 40% of it waiting: hiding the wait leaves 6 ms of compute, x1.667. With 2 workers
+    at 6 ms a batch the loader delivers 333 batches/s against the 167 the steps take: it keeps up. At 24 ms a
+    batch it delivers 83/s, so a step takes at least 12 ms: expected x0.833, and the report says why."""
+    def c6(latency_ms):
+        root = tmp_path / f"lat{latency_ms}"
+        sweep = {"name": "c6_pinned", "claim": "C6", "knob": "dataloader.name", "baseline": "naive",
+                 "treatment": "pinned", "checks": [{"metric": "tokens_per_s", "effect": "ratio", "claimed": None,
+                                                    "expected": "hidden_wait", "tolerance": 0.05}]}
+        for r in range(2):
+            for name, workers, tps in (("naive", 0, 1000), ("pinned", 2, 1600)):
+                fake_run(root, f"{r}_{name}", {"dataloader": {"name": name, "num_workers": workers,
+                                                              "read_latency_ms": latency_ms},
+                                               "train": {"grad_accum": 1}}, {**sweep, "repeat": r},
+                         step_time_s=0.010, data_wait_frac=0.4, tokens_per_s=tps + r)
+        return report.build([root])["checks"][0]
+
+    fast = c6(6)
+    assert fast.expected_here == pytest.approx(1 / 0.6) and "333 batches/s vs 167 batches/s" in fast.reason
+    assert "keeps up" in fast.reason
+    slow = c6(24)
+    assert slow.expected_here == pytest.approx(0.010 / 0.012) and "cannot keep up" in slow.reason

@@ -64,9 +64,37 @@ EXPECTED: Dict[str, Callable] = {
     # the article's 8N rule for this model's shape (full recompute of each block; LM head not checkpointed)
     "full_recompute": lambda b, t: _median(x.metric("flops_per_token_full_recompute") for x in t)
     / _median(x.metric("flops_per_token") for x in b),
-    # hiding all of the baseline's data wait speeds a step up by 1 / (1 - wait share)
-    "hidden_wait": lambda b, t: 1 / (1 - _median(x.metric("data_wait_frac") for x in b)),
+    # hiding all of the baseline's data wait speeds a step up by 1 / (1 - wait share), as far as the
+    # treatment's loader keeps up (loader_capacity)
+    "hidden_wait": lambda b, t: loader_capacity(b, t)["expected"],
 }
+
+
+def loader_capacity(base: List[R.Run], treat: List[R.Run]) -> Dict[str, float]:
+    """C6 at this workload: the treatment's workers deliver at most workers / read latency batches per
+    second, and the step, once its wait is hidden, asks for grad_accum batches per (baseline step less its
+    wait). The expected speed-up is the baseline step over the longer of that compute time and the
+    loader's time per step."""
+    step = _median(x.metric("step_time_s") for x in base)
+    wait = _median(x.metric("data_wait_frac") for x in base)
+    loader, accum = treat[0].config.get("dataloader", {}), treat[0].config.get("train", {}).get("grad_accum", 1)
+    workers, latency_s = loader.get("num_workers") or 0, (loader.get("read_latency_ms") or 0) / 1e3
+    compute = step * (1 - wait)
+    capacity = workers / latency_s if workers and latency_s else float("inf")
+    floor = accum / capacity
+    return {"expected": step / max(compute, floor), "capacity": capacity, "demand": accum / compute,
+            "workers": workers, "latency_ms": latency_s * 1e3}
+
+
+def _expected_note(spec: Dict, base: List[R.Run], treat: List[R.Run]) -> str:
+    if spec.get("expected") != "hidden_wait":
+        return ""
+    c = loader_capacity(base, treat)
+    if c["capacity"] == float("inf"):
+        return "the treatment's loader has no read latency: it keeps up"
+    keeps = "keeps up" if c["capacity"] >= c["demand"] else "cannot keep up: the loader bounds the step"
+    return (f"loader capacity {c['workers']} workers / {c['latency_ms']:g} ms = {c['capacity']:,.0f} batches/s "
+            f"vs {c['demand']:,.0f} batches/s the steps take ({keeps})")
 
 
 def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok: bool) -> Optional[str]:
@@ -106,7 +134,8 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False) -> Check:
         verdict = "not measurable here"
     else:
         verdict = stats.verdict(expected if expected is not None else claimed, tolerance, better, est)
-        reason = _reason(spec, est, verdict, claimed, expected)
+        reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
+                                       _expected_note(spec, base, treat)) if p)
     every = base + treat
     return Check(sweep.get("claim", "—"), group.name, metric, spec.get("what", ""), kind, claimed, expected,
                  tolerance, better, est.median if est else None, est.ci_low if est else None,

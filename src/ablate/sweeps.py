@@ -141,8 +141,9 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
         t0 = time.monotonic()
         result = run_bounded(cmd, env, timeout)
         spec = load(name).get("sweep", {}).get("batch_search")
-        if result.returncode == 0 and spec:
-            result = batch_search({**spec, **(search or {})}, combo, r, run_dir, env, timeout)
+        if result.returncode == 0 and spec:   # the search shares its arm's time: the run's limit and --until
+            left_for_search = None if timeout is None else timeout - (time.monotonic() - t0)
+            result = batch_search({**spec, **(search or {})}, combo, r, run_dir, env, left_for_search)
         took = time.monotonic() - t0
         eta = (time.monotonic() - started) / i * (len(runs) - i)
         status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
@@ -165,6 +166,8 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
         {"mem_budget_gb": spec["cpu_mem_budget_gb"]} if on_cpu and spec.get("cpu_mem_budget_gb") else {})
     options = [f"--{k.replace('_', '-')}={v}" for k, v in spec.items()]
     search_dir = run_dir / "max_batch"
+    if timeout is not None and timeout < 5:
+        return subprocess.CompletedProcess([], 124, None, "no time left for the batch search (--run-timeout/--until)")
     cmd = [sys.executable, "-m", "ablate.maxbatch", *options, "--", *combo, "hydra.mode=RUN",
            f"hydra.run.dir={search_dir}", f"sweep.repeat={repeat}"]
     result = run_bounded(cmd, env, timeout)
