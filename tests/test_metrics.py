@@ -129,7 +129,7 @@ def test_gemm_probe_measures_something():
 
 
 def test_nvml_follows_cuda_visible_devices():
-    from ablate.metrics.nvml import nvml_device
+    from ablate.nvml import nvml_device
 
     assert nvml_device(0, visible="") == 0                      # nothing hidden: torch's index is NVML's
     assert nvml_device(1, visible="3,5") == 5                   # torch's cuda:1 is physical GPU 5
@@ -180,7 +180,7 @@ def test_mfu_conventions_by_hand():
 def test_nvml_handles_follow_cuda_visible_devices(monkeypatch):
     """torch's device 0 is NVML's device 3 under CUDA_VISIBLE_DEVICES=3,1, and a UUID is looked up as one
     (the memory guard, the sampler and the fp8 capability check all ask through this)."""
-    from ablate.metrics import nvml
+    from ablate import nvml
 
     class FakeNvml:
         def nvmlDeviceGetHandleByIndex(self, i):

@@ -1,12 +1,12 @@
 """Structured configs: one dataclass per config group (registered in Hydra's ConfigStore by schema.py).
 
 `conf/<group>/<choice>.yaml` files fill these schemas; OmegaConf checks types while Hydra composes,
-and `schema.validate()` checks values (each dataclass's `__post_init__`).
+and `schema.validate()` checks values (each dataclass's `__post_init__`) and the choices the registries
+implement (this module imports none of them: every other module imports this one).
 A bad value ends in one `ConfigError` line naming the key and the valid choices.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -20,11 +20,6 @@ class ConfigError(ValueError):
 def _choice(key: str, value: Any, valid) -> None:
     if value not in valid:
         raise ConfigError(f"{key}={value}: not a valid choice; valid choices: {', '.join(map(str, valid))}")
-
-
-def _registered(group: str):
-    """A group's valid choices, from the one registry that implements them (imported on use)."""
-    return tuple(importlib.import_module(f"ablate.{group}").REGISTRY)
 
 
 @dataclass(frozen=True)
@@ -139,7 +134,6 @@ class PrecisionConfig:
 
     def __post_init__(self):
         check_ranges(self, "precision")
-        _choice("precision.name", self.name, _registered("precision"))
 
 
 @dataclass
@@ -159,7 +153,6 @@ class ParallelConfig:
 
     def __post_init__(self):
         check_ranges(self, "parallel")
-        _choice("parallel.name", self.name, _registered("parallel"))
 
 
 @dataclass
@@ -221,7 +214,6 @@ class LoggerConfig:
 
     def __post_init__(self):
         check_ranges(self, "logger")
-        _choice("logger.name", self.name, _registered("tracking"))
         _choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
 
 
@@ -253,7 +245,6 @@ class LauncherConfig:
 
     def __post_init__(self):
         check_ranges(self, "launcher")
-        _choice("launcher.name", self.name, _registered("launcher"))
 
     @property
     def world_size(self) -> int:
@@ -301,12 +292,6 @@ class AblateConfig:
                 raise ConfigError(f"train.global_batch_size={t.global_batch_size}: does not split over "
                                   f"{world} ranks x train.grad_accum={t.grad_accum}; use a multiple of {per_step}")
             t.batch_size = t.global_batch_size // per_step
-        from ablate.parallel import REGISTRY as STRATEGIES
-
-        if world > 1 and not STRATEGIES[self.parallel.name].needs_group:
-            several = [c for c, spec in STRATEGIES.items() if spec.needs_group]
-            raise ConfigError(f"parallel=none with {world} ranks (launcher nodes x nproc_per_node): one process "
-                              f"only; valid choices for several ranks: {', '.join(several)}")
         spec = self.metrics.profile_steps
         if spec is not None and (len(spec) != 2 or spec[0] < 1 or spec[1] < 1 or sum(spec) - 1 > self.train.steps):
             raise ConfigError(f"metrics.profile_steps={list(spec)}: give [start, count] with start >= 1, count >= 1 "

@@ -131,27 +131,3 @@ def layout(places: List[Dict[str, object]]) -> Dict[str, object]:
     for p in sorted(places, key=lambda p: (p["node_rank"], p["local_rank"])):
         by_host.setdefault(str(p["host"]), []).append(int(p["rank"]))
     return {"hosts": list(by_host), "nodes": len(by_host), "ranks_by_host": by_host}
-
-
-def all_gather_object(obj, env: DistEnv):
-    """ablate's own bookkeeping: not counted as the strategy's communication."""
-    if env.world_size == 1:
-        return [obj]
-    from ablate.metrics.comm import paused
-
-    out = [None] * env.world_size
-    with paused():
-        dist.all_gather_object(out, obj)
-    return out
-
-
-def mean_across_ranks(value, env: DistEnv):
-    """The mean of a tensor over ranks (for the logged loss: every rank's batches count)."""
-    if env.world_size == 1:
-        return value
-    from ablate.metrics.comm import paused
-
-    value = value.clone()
-    with paused():
-        dist.all_reduce(value)
-    return value / env.world_size

@@ -16,8 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from ablate import nvml
 from ablate.config import AblateConfig, ConfigError
-from ablate.metrics import nvml
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
 _LOCKS = {}   # run dir -> open lock file, held until the run ends (release) or the process exits
@@ -128,7 +128,7 @@ def check_memory(cfg: AblateConfig, device_type: str) -> None:
     if cfg.train.skip_memory_check:
         return
     from ablate import parallel
-    from ablate.plan import param_numels
+    from ablate.model import param_numels
     from ablate.units import fmt
 
     state = parallel.plan_bytes(param_numels(cfg), cfg).total

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 
 import yaml
 
-from ablate import environment, guards
+from ablate import environment, failures, guards
 from ablate.config import AblateConfig
 
 
@@ -68,10 +68,13 @@ def launch_local(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict
 
 
 def launch_slurm(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    from ablate import slurm, train
+    from ablate import slurm, slurm_array, train
 
     if _already_a_rank():   # a task of the job (or srun): train here
         return train.run(cfg, run_dir, resolved, choices, applied)
+    array_file = os.environ.pop("ABLATE_SLURM_ARRAY", None)
+    if array_file:   # one point of a sweep: the sweep's launcher submits all points as one job array
+        return slurm_array.queue(Path(array_file), *slurm.prepare(cfg, resolved, run_dir, choices, applied))
     return slurm.submit(cfg, resolved, run_dir, choices, applied)
 
 
@@ -121,47 +124,10 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except ChildFailedError as e:
-        (rank, failure), *others = _root_cause_first(e.failures)
+        (rank, failure), *others = failures.root_cause_first(e.failures)
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
             if others else ""
-        print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {_message(failure)}{also}", file=sys.stderr)
+        print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {failures.own_error(failure)}{also}",
+              file=sys.stderr)
         raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
     return results.get(0)
-
-
-CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker crash", "SIGTERM", "Signals.")
-
-
-def is_consequence(message: str) -> bool:
-    """An error that only says a peer went away: another rank's failure is the root cause."""
-    return any(c in message for c in CONSEQUENCES)
-
-
-def _message(failure) -> str:
-    """The failing rank's own exception (torch elastic's error file), with where it was raised when its
-    text alone says nothing (a bare `AssertionError:`)."""
-    message, where = failure.message, ""
-    if isinstance(message, dict):
-        stack = str((message.get("extraInfo") or {}).get("py_callstack", ""))
-        frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
-        where = frames[-1] if frames else ""
-        message = message.get("message", message)
-    lines = [ln for ln in str(message).strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else f"exit code {failure.exitcode}"
-    if text.startswith("To enable traceback"):   # no error file: the rank died outside Python's handler
-        text = f"the process ended with exit code {failure.exitcode} before reporting an error"
-    if text.rstrip().endswith(":") and where:
-        text = f"{text.rstrip(': ')} at {where}"
-    return text
-
-
-def _root_cause_first(failures):
-    """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
-    the consequence of a peer going away."""
-    def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence
-        failure, message = kv[1], _message(kv[1])
-        consequence = (failure.exitcode < 0 or message.startswith("the process ended")
-                       or is_consequence(message))
-        return consequence, failure.timestamp, kv[0]
-
-    return sorted(failures.items(), key=key)

@@ -6,6 +6,7 @@ torch.utils.flop_counter can count it (it does not count SDPA on the CPU).
 from __future__ import annotations
 
 import math
+from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -153,3 +154,9 @@ def count_params(model: nn.Module, non_embedding: bool = True) -> int:
             return n  # the one shared matrix is used as the LM head: it counts
         n -= model.tok_embeddings.weight.numel()
     return n
+
+
+def param_numels(cfg) -> List[int]:
+    """Sizes of the model's parameters (cfg: the whole config), from a model built on the meta device (no
+    memory): the planner's and the memory guard's input."""
+    return [p.numel() for p in build_model(cfg.model, "meta").parameters()]

@@ -17,16 +17,10 @@ from typing import Dict, List
 
 from ablate import parallel, units
 from ablate.config import AblateConfig
+from ablate.model import param_numels
 from ablate.parallel.base import Breakdown
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
-
-
-def param_numels(cfg: AblateConfig) -> List[int]:
-    """Sizes of the model's parameters, from a model built on the meta device (no memory)."""
-    from ablate.model import build_model
-
-    return [p.numel() for p in build_model(cfg.model, "meta").parameters()]
 
 
 def article(n_params: float, world: int) -> Breakdown:

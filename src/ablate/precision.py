@@ -21,6 +21,7 @@ from typing import Dict, Optional
 import torch
 
 from ablate.config import ConfigError, PrecisionConfig
+from ablate.nvml import handle
 
 FP8_MIN_CAPABILITY = (8, 9)
 
@@ -80,8 +81,6 @@ def compute_capability(index: int):
     allocator settings before the allocator group is applied. torch's answer when NVML is missing."""
     try:
         import pynvml
-
-        from ablate.metrics.nvml import handle
 
         pynvml.nvmlInit()
         try:

@@ -9,7 +9,12 @@ from typing import List, Mapping, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ablate import launcher, parallel, precision, tracking
 from ablate.config import AblateConfig, ConfigError
+
+# `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
+REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": tracking.REGISTRY,
+              "launcher": launcher.REGISTRY}
 
 
 def register() -> None:
@@ -76,4 +81,19 @@ def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> Ab
             node = getattr(node, part)
         valid = ", ".join(f.name for f in fields(node))
         raise ConfigError(f"{key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
-    return OmegaConf.to_object(plain)
+    typed = OmegaConf.to_object(plain)
+    check_choices(typed)
+    return typed
+
+
+def check_choices(cfg: AblateConfig) -> None:
+    """Every group's `name` is one its registry implements, and the strategy can run on the ranks asked."""
+    for group, registry in REGISTRIES.items():
+        name = getattr(cfg, group).name
+        if name not in registry:
+            raise ConfigError(f"{group}.name={name}: not a valid choice; valid choices: {', '.join(registry)}")
+    world = cfg.launcher.world_size
+    if world > 1 and not parallel.REGISTRY[cfg.parallel.name].needs_group:
+        several = [c for c, spec in parallel.REGISTRY.items() if spec.needs_group]
+        raise ConfigError(f"parallel={cfg.parallel.name} with {world} ranks (launcher nodes x nproc_per_node): one "
+                          f"process only; valid choices for several ranks: {', '.join(several)}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import shutil
 import sys
@@ -25,6 +24,7 @@ from submitit.helpers import Checkpointable
 
 from ablate import cluster
 from ablate.config import AblateConfig, ConfigError, LauncherConfig
+from ablate.failures import is_consequence
 from ablate.tracking import uses_wandb
 
 
@@ -106,17 +106,17 @@ class SlurmTrain(Checkpointable):
         return train.run(self.cfg, self.run_dir, self.resolved, self.choices, applied)
 
 
+def prepare(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
+    """(what each task runs, the executor's parameters) for this run, after the cluster check."""
+    check(cfg.launcher)
+    params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
+    return SlurmTrain(cfg, resolved, run_dir.resolve(), choices), params
+
+
 def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str],
            applied: Dict) -> Optional[Dict]:
-    check(cfg.launcher)
+    train, params = prepare(cfg, resolved, run_dir, choices, applied)
     folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()
-    params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
-    train = SlurmTrain(cfg, resolved, run_dir.resolve(), choices)
-    array_file = os.environ.pop("ABLATE_SLURM_ARRAY", None)
-    if array_file:   # one point of a sweep: the sweep's launcher submits all points as one job array
-        from ablate import slurm_array
-
-        return slurm_array.queue(Path(array_file), train, params)
     executor = make_executor(cfg, folder, params)
     if cfg.launcher.dry_run:
         path = run_dir / "sbatch.sh"
@@ -191,8 +191,6 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
 def root_cause(job):
     """(rank, host, last line) of the task whose error is its own: a rank that only lost its peer (gloo's
     "Connection closed by peer") or left no result is a consequence of another rank's failure."""
-    from ablate.launcher import is_consequence
-
     failures = []
     for rank in range(job.num_tasks):
         task = job.task(rank)

@@ -16,6 +16,7 @@ from ablate import precision as precision_group
 from ablate.config import AblateConfig
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.data import DeviceFeeder, build_loader
+from ablate.metrics import comm
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
@@ -207,7 +208,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             loop.profiler.close()
             loop.preemption.restore()
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record()}
-        per_rank = distributed.all_gather_object(
+        per_rank = comm.all_gather_object(
             {**distributed.place(env), "state_bytes": strategy.measured_state,
              "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],

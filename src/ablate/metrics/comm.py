@@ -89,3 +89,24 @@ def counting_allreduce_hook(counter):
         return allreduce_hook(process_group, bucket)
 
     return hook
+
+
+# ablate's own collectives (the logged loss, the per-rank record): paused, so never counted as the strategy's
+def all_gather_object(obj, env):
+    """ablate's own bookkeeping: not counted as the strategy's communication."""
+    if env.world_size == 1:
+        return [obj]
+    out = [None] * env.world_size
+    with paused():
+        dist.all_gather_object(out, obj)
+    return out
+
+
+def mean_across_ranks(value, env):
+    """The mean of a tensor over ranks (for the logged loss: every rank's batches count)."""
+    if env.world_size == 1:
+        return value
+    value = value.clone()
+    with paused():
+        dist.all_reduce(value)
+    return value / env.world_size

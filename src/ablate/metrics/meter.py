@@ -11,13 +11,13 @@ from typing import Dict, Optional
 
 import torch
 
-from ablate import distributed
 from ablate.config import AblateConfig
 from ablate.metrics import flops as F
 from ablate.metrics import memory
-from ablate.metrics.nvml import UtilSampler
+from ablate.metrics.comm import mean_across_ranks
 from ablate.metrics.peak import Peak
 from ablate.metrics.timing import PhaseClock, synchronize
+from ablate.nvml import UtilSampler
 
 UTILIZATIONS = ("mfu", "hfu", "mfu_vs_measured_peak", "mfu_vs_datasheet_peak")
 
@@ -112,7 +112,7 @@ class Meter:
         synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
         phases = self.clock.take()
-        loss = distributed.mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)
+        loss = mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)
         row: Dict[str, object] = {"step": step, "loss": loss.item(),
                                   "grad_norm": self.grad_norm.item() if self.grad_norm is not None else None,
                                   "nonfinite_steps": int(self.nonfinite.item()),

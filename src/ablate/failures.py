@@ -1,0 +1,42 @@
+"""Which rank failed first, and why: of the errors a failed job's ranks report, the one a rank raised itself
+is the root cause; a rank that only lost its peer (gloo's "Connection closed by peer"), was killed by a
+signal or ended before reporting is a consequence. Used for local ranks (torch elastic's failures) and for
+Slurm tasks (submitit's)."""
+from __future__ import annotations
+
+CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker crash", "SIGTERM", "Signals.")
+
+
+def is_consequence(message: str) -> bool:
+    """An error that only says a peer went away: another rank's failure is the root cause."""
+    return any(c in message for c in CONSEQUENCES)
+
+
+def own_error(failure) -> str:
+    """The failing rank's own exception (torch elastic's error file), with where it was raised when its
+    text alone says nothing (a bare `AssertionError:`)."""
+    message, where = failure.message, ""
+    if isinstance(message, dict):
+        stack = str((message.get("extraInfo") or {}).get("py_callstack", ""))
+        frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
+        where = frames[-1] if frames else ""
+        message = message.get("message", message)
+    lines = [ln for ln in str(message).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else f"exit code {failure.exitcode}"
+    if text.startswith("To enable traceback"):   # no error file: the rank died outside Python's handler
+        text = f"the process ended with exit code {failure.exitcode} before reporting an error"
+    if text.rstrip().endswith(":") and where:
+        text = f"{text.rstrip(': ')} at {where}"
+    return text
+
+
+def root_cause_first(failures):
+    """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
+    the consequence of a peer going away."""
+    def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence
+        failure, message = kv[1], own_error(kv[1])
+        consequence = (failure.exitcode < 0 or message.startswith("the process ended")
+                       or is_consequence(message))
+        return consequence, failure.timestamp, kv[0]
+
+    return sorted(failures.items(), key=key)
