@@ -37,8 +37,10 @@ DEST=${1:-${OUT:-multirun/gpu_week4_$(date +%Y-%m-%d_%H-%M-%S)}}
 SITE=${SITE:-${TMPDIR:-/tmp}/ablate-site}
 WORK=${WORK:-${TMPDIR:-/tmp}/gpu_week4_work_$$}
 DEADLINE=$(( T0 + BUDGET_S ))
-mkdir -p "$DEST" "$WORK"
-exec > >(tee -a "$DEST/gpu_week4.log") 2>&1
+if [ "$INSTALL_ONLY" = 0 ]; then   # the script's own output, stdout and stderr each as they are, also in OUT
+  mkdir -p "$DEST" "$WORK"
+  exec > >(tee -a "$DEST/gpu_week4.log") 2> >(tee -a "$DEST/gpu_week4.log" >&2)
+fi
 die() { echo "gpu_week4: $*" >&2; exit 1; }
 say() { echo "[gpu_week4 +$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( $1 - $(date +%s) )); }
@@ -47,7 +49,7 @@ pack() {   # everything under WORK as one archive in OUT (atomically), the repor
   for f in report.md report.csv; do [ -f "$WORK/$f" ] && cp -f "$WORK/$f" "$DEST/$f"; done
   return 0
 }
-trap pack EXIT
+[ "$INSTALL_ONLY" = 0 ] && trap pack EXIT
 
 # ---------------------------------------------------------------- 1. install: wheels, never the network
 if ! "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
