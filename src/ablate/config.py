@@ -240,8 +240,7 @@ class LauncherConfig:
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
     check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
     cancel_unrunnable: bool = True       # wait: cancel a job whose pending reason cannot clear by itself
-    # -m sweeps go as one job array: at most this many tasks at once
-    array_parallelism: Optional[int] = num(None, 1, null="no limit")
+    array_parallelism: Optional[int] = num(None, 1, null="no limit")   # -m sweeps: tasks of its array at once
 
     def __post_init__(self):
         check_ranges(self, "launcher")
@@ -254,8 +253,7 @@ class LauncherConfig:
 @dataclass
 class MetricsConfig:
     """Measurement knobs (not a group: plain fields under `metrics`)."""
-    # override the datasheet/measured peak
-    peak_tflops: Optional[float] = num(None, 0, low_open=True, null="datasheet or measured")
+    peak_tflops: Optional[float] = num(None, 0, low_open=True, null="the datasheet or measured peak")
     gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
     gemm_probe_n: int = num(0, 0)                # 0: 8192 on CUDA, 1024 on CPU
     nvml_interval_s: float = num(0.2, 0, low_open=True)
