@@ -93,3 +93,22 @@ def test_the_default_command_writes_a_run_dir_with_wandb_offline(tmp_path):
     assert {"model", "train", "precision", "parallel"} <= set(logged["config"])
     assert [json.loads(h["step"]) for h in logged["history"]] == [r["step"] for r in rows]
     assert json.loads(logged["summary"]["tokens_per_s"]) == pytest.approx(summary["tokens_per_s"])
+
+
+def test_each_run_logs_library_output_to_its_own_log(tmp_path):
+    """Runs one after another in one process (tests, a caller): a library's line goes to the current run's
+    ablate.log only, through one handler."""
+    import logging
+
+    from ablate.console import route_library_logs
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    route_library_logs(first, 0)
+    logging.getLogger("some.library").info("during the first run")
+    route_library_logs(second, 0)
+    logging.getLogger("some.library").info("during the second run")
+    assert "during the second run" not in (first / "ablate.log").read_text()
+    assert "during the second run" in (second / "ablate.log").read_text()
+    assert sum(getattr(h, "ablate_run_log", False) for h in logging.getLogger().handlers) == 1

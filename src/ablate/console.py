@@ -40,10 +40,14 @@ def route_library_logs(run_dir: Path, rank: int) -> None:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             root.removeHandler(handler)          # Hydra's console handler: libraries' INFO lines
     path = str((run_dir / LOG_FILE).resolve())
-    if not any(getattr(h, "baseFilename", None) == path for h in root.handlers):
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] %(message)s"))
-        root.addHandler(handler)
+    for handler in list(root.handlers):   # an earlier run of this process (tests, a caller) logs elsewhere
+        if getattr(handler, "ablate_run_log", False) or getattr(handler, "baseFilename", None) == path:
+            root.removeHandler(handler)
+            handler.close()
+    handler = logging.FileHandler(path)
+    handler.ablate_run_log = True
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] %(message)s"))
+    root.addHandler(handler)
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     own = logging.StreamHandler(sys.stderr)
