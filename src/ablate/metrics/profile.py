@@ -44,10 +44,12 @@ class StepProfiler:
     def step(self) -> None:
         if self.prof is None:
             return
-        had = self.result
+        if self.result is not None:      # the trace is in: nothing left to say, no redirect per step
+            self.prof.step()
+            return
         with library_output_to_log(self.run_dir):
             self.prof.step()
-        if had is None and self.result is not None and self.is_main:
+        if self.result is not None and self.is_main:
             print(f"trace: {self.path} (open in https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
 
     def _ready(self, prof) -> None:
