@@ -60,7 +60,7 @@ if ! "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"   # ablate itself, and its Hydra launcher plugin
-"$PY" -c "import hydra, omegaconf, yaml, rich, numpy, ablate.train, ablate.sweeps, ablate.report, ablate.maxbatch" \
+"$PY" -c "import hydra, omegaconf, yaml, rich, numpy, ablate.train.loop, ablate.sweeps, ablate.report, ablate.maxbatch" \
   || die "import failed with $PY (PYTHONPATH=$PYTHONPATH): see above"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 say "imports ok: $("$PY" -c 'import hydra, omegaconf; print("hydra", hydra.__version__, "omegaconf", omegaconf.__version__)')"

@@ -16,10 +16,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablate import CONF_DIR, launcher
-from ablate.data import SyntheticBatches
+from ablate.config.store import register, validate
+from ablate.dataloader import SyntheticBatches
 from ablate.model import build_model
 from ablate.parallel.base import make_adamw
-from ablate.schema import register, validate
 
 MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4", "model.ffn_hidden=768",
          "train.seq_len=128", "train.batch_size=8", "logger=none"]

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablate import CONF_DIR
-from ablate.schema import register, validate
+from ablate.config.store import register, validate
 
 REPO = Path(__file__).resolve().parents[1]
 # What a launcher, Slurm or a W&B login would have put in the environment, removed once for the whole test
@@ -38,7 +38,7 @@ os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
 
 def group_choices(group: str) -> List[str]:
     """The choices Hydra itself knows for a group."""
-    from ablate.cli import choices, hydra_context
+    from ablate.compose import choices, hydra_context
 
     with hydra_context():
         return choices(group)

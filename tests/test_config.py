@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from ablate.config import AblateConfig, ConfigError
-from ablate.schema import validate
+from ablate.config.store import validate
 from conftest import compose_cfg, group_choices
 
 FIVE = ("precision", "parallel", "allocator", "dataloader", "nccl")
@@ -57,7 +57,7 @@ def test_the_article_values_are_in_the_tuned_and_expandable_groups():
 
 @pytest.mark.parametrize("name", group_choices("sweeps"))
 def test_every_sweep_file_composes_at_every_grid_point(name):
-    from ablate.cli import preflight
+    from ablate.compose import preflight
 
     preflight([f"+sweeps={name}"])     # raises ConfigError on any bad point
 
@@ -89,17 +89,17 @@ def test_free_form_nodes_still_take_any_key():
 
 
 def test_every_choice_has_one_implementation_in_its_registry():
-    from ablate import launcher, parallel, precision, tracking
+    from ablate import launcher, logger, parallel, precision
 
     for group, registry in (("precision", precision.REGISTRY), ("parallel", parallel.REGISTRY),
-                            ("launcher", launcher.REGISTRY), ("logger", tracking.REGISTRY)):
+                            ("launcher", launcher.REGISTRY), ("logger", logger.REGISTRY)):
         assert sorted(registry) == group_choices(group), group
     for name in parallel.REGISTRY:
         assert parallel.strategy_class(name).plan_bytes   # each strategy predicts its own state
 
 
 def test_long_override_lists_make_folder_names_that_fit():
-    from ablate.schema import short_dirname
+    from ablate.config.store import short_dirname
 
     assert short_dirname("parallel=ddp,train.seed=0") == "parallel=ddp,train.seed=0"
     long = ",".join([f"launcher.k{i}=1" for i in range(20)] + ["parallel=ddp", "train.seed=1"])

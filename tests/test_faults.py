@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate import checkpoint, guards
+from ablate.train import checkpoint, guards
 from conftest import REPO, read_jsonl, run_cli
 
 FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]

@@ -49,7 +49,7 @@ def _rank_env(monkeypatch, nodelist, nodes, per_node, node, local, job_id="4242"
     turned into torch's by the code each task runs (distributed._export_slurm_env)."""
     import os
 
-    from ablate import distributed
+    from ablate.train import distributed
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)   # as under a plain srun
     for key in SLURM_VARS + ("GROUP_RANK",):
@@ -91,7 +91,7 @@ def test_rank_1023_of_a_128_by_8_job_over_two_node_ranges(monkeypatch):
 
 
 def test_layout_lists_hosts_in_node_order():
-    from ablate.distributed import layout
+    from ablate.train.distributed import layout
 
     places = [{"rank": r, "host": f"n{r // 2 + 1}", "node_rank": r // 2, "local_rank": r % 2} for r in (3, 0, 2, 1)]
     assert layout(places) == {"hosts": ["n1", "n2"], "nodes": 2, "ranks_by_host": {"n1": [0, 1], "n2": [2, 3]}}
@@ -110,7 +110,7 @@ def _launcher(**kw):
 
 
 def test_slurm_times_and_gres_are_read_as_slurm_writes_them():
-    from ablate.cluster import gpu_count, slurm_minutes
+    from ablate.launcher.cluster import gpu_count, slurm_minutes
 
     assert [slurm_minutes(t) for t in ("UNLIMITED", "30", "30:00", "04:00:00", "1-00:00:00", "2-12:30:01")] == \
         [None, 30, 30, 240, 1440, 3631]
@@ -118,7 +118,7 @@ def test_slurm_times_and_gres_are_read_as_slurm_writes_them():
 
 
 def test_requests_the_partition_can_never_run_are_named():
-    from ablate.cluster import parse_nodes, parse_partitions, refusal
+    from ablate.launcher.cluster import parse_nodes, parse_partitions, refusal
 
     parts = parse_partitions(PARTITIONS)
     debug, gpu = parts["debug"], parts["gpu"]
@@ -142,7 +142,7 @@ def test_requests_the_partition_can_never_run_are_named():
 def test_waiting_shows_state_changes_once_in_a_log_and_on_one_line_in_a_terminal():
     import io
 
-    from ablate.cluster import QueueWatch, unrunnable
+    from ablate.launcher.cluster import QueueWatch, unrunnable
 
     log = io.StringIO()
     watch = QueueWatch("7", log, tty=False)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from ablate import parallel, precision
-from ablate.cli import preflight
+from ablate.compose import preflight
 from ablate.config import ConfigError
 from conftest import run_cli
 

@@ -5,10 +5,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.config import ModelConfig
+from ablate.config.store import validate
 from ablate.metrics import flops as F
 from ablate.metrics.memory import fragmentation
 from ablate.model import build_model
-from ablate.schema import validate
 from conftest import compose_cfg
 
 SIZES = ["tiny", "small", "1b", "8b", "70b"]
@@ -138,7 +138,7 @@ def test_nvml_follows_cuda_visible_devices():
 
 def test_more_local_ranks_than_gpus_is_refused_in_one_line():
     from ablate.config import ConfigError
-    from ablate.distributed import check_ranks_fit_gpus
+    from ablate.train.distributed import check_ranks_fit_gpus
 
     check_ranks_fit_gpus(1, 1)
     with pytest.raises(ConfigError, match="launcher.nproc_per_node=2: this machine has 1 GPU"):

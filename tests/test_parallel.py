@@ -5,8 +5,8 @@ import time
 import pytest
 
 from ablate import parallel
+from ablate.config.store import validate
 from ablate.plan import param_numels
-from ablate.schema import validate
 from conftest import RUN_COMMON, compose_cfg, run_cli
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from ablate import stats
+from ablate.report import stats
 
 T2 = 4.302653   # Student t, 97.5% quantile, 2 degrees of freedom
 

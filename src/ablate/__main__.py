@@ -11,10 +11,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import CONF_DIR, guards
-from ablate.cli import fail, preflight
+from ablate import CONF_DIR
+from ablate.compose import fail, preflight
 from ablate.config import ConfigError
-from ablate.schema import LABELLED_BY_CHOICE, register, validate
+from ablate.config.store import LABELLED_BY_CHOICE, register, validate
+from ablate.train import guards
 
 register()
 
@@ -37,7 +38,7 @@ def hydra_main(cfg: DictConfig):
     for group in LABELLED_BY_CHOICE:     # the record says what ran
         cfg[group].name = getattr(typed, group).name
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    from ablate.checkpoint import RunStopped
+    from ablate.train.checkpoint import RunStopped
 
     try:
         return launcher.launch(typed, resolved, run_dir, choices)

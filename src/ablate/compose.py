@@ -20,7 +20,7 @@ from hydra.errors import MissingConfigException
 
 from ablate import CONF_DIR
 from ablate.config import AblateConfig, ConfigError
-from ablate.schema import register, validate
+from ablate.config.store import register, validate
 
 EXIT_USAGE = 2
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
@@ -97,7 +97,7 @@ def check_run_dir(overrides: List[str]) -> None:
     """hydra.run.dir: not empty, not already holding a run (unless resumed), writable."""
     from pathlib import Path
 
-    from ablate import guards
+    from ablate.train import guards
 
     guards.check_run_dir_override(overrides)
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]

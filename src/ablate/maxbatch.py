@@ -128,7 +128,7 @@ def _parse(argv: List[str]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from ablate.cli import fail
+    from ablate.compose import fail
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
@@ -142,8 +142,8 @@ def compose(overrides: List[str]):
     from hydra import compose as hydra_compose
     from omegaconf import OmegaConf
 
-    from ablate.cli import hydra_context, preflight
-    from ablate.schema import validate
+    from ablate.compose import hydra_context, preflight
+    from ablate.config.store import validate
 
     preflight([*overrides, "train.skip_memory_check=true"], hardware=False)   # one-line errors, no traceback
     with hydra_context():
@@ -156,7 +156,7 @@ def compose(overrides: List[str]):
 
 
 def on_cuda(cfg) -> bool:
-    from ablate.distributed import device_type
+    from ablate.train.distributed import device_type
 
     return device_type(cfg.train.device) == "cuda"
 
@@ -168,7 +168,7 @@ def budget(gb: Optional[float], cuda: bool):
         return int(gb * 1e9), f"{figure} within {units.fmt('bytes', int(gb * 1e9))} (--mem-budget-gb)"
     if cuda:
         return None, "no CUDA out-of-memory error"
-    from ablate.guards import available_cpu_bytes
+    from ablate.train.guards import available_cpu_bytes
 
     half = int(available_cpu_bytes() // 2)
     return half, f"peak RSS within {units.fmt('bytes', half)} (half the memory available now; --mem-budget-gb sets it)"
@@ -198,7 +198,7 @@ def _write(summary: Dict[str, object], cfg, resolved: Dict, choices: Dict[str, s
     """summary.json, metrics.jsonl (a row per trial), config.yaml and W&B, as for any run."""
     import yaml
 
-    from ablate.tracking import Tracker
+    from ablate.logger import Tracker
 
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     tracker = Tracker(cfg.logger, run_dir, resolved, choices, is_main=True)

@@ -79,9 +79,9 @@ def main(argv: List[str] = None) -> None:
     from hydra import compose, initialize_config_dir
 
     from ablate import CONF_DIR
-    from ablate.cli import fail, preflight
+    from ablate.compose import fail, preflight
     from ablate.config import ConfigError
-    from ablate.schema import validate
+    from ablate.config.store import validate
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):

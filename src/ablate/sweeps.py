@@ -83,8 +83,8 @@ def plan_runs(names: List[str], extra: List[str], repeats: int, order: str, seed
               side_arms_once: bool = True) -> List[Tuple[str, List[str], int]]:
     """(sweep, overrides, repeat) for every run, in running order; validates every point first. Side arms
     run once (repeat 0) unless asked: they are drawn but judged by no check, and can be slow (fp16 on a CPU)."""
-    from ablate.cli import grid, hydra_context, preflight
-    from ablate.schema import register
+    from ablate.compose import grid, hydra_context, preflight
+    from ablate.config.store import register
 
     register()
     runs = []

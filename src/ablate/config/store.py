@@ -9,11 +9,11 @@ from typing import List, Mapping, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ablate import launcher, parallel, precision, tracking
+from ablate import launcher, logger, parallel, precision
 from ablate.config import AblateConfig, ConfigError
 
 # `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
-REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": tracking.REGISTRY,
+REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
               "launcher": launcher.REGISTRY}
 
 

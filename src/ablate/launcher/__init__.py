@@ -16,8 +16,9 @@ from typing import Dict, Optional
 
 import yaml
 
-from ablate import environment, failures, guards
 from ablate.config import AblateConfig
+from ablate.launcher import environment, failures
+from ablate.train import guards
 
 
 def _write_config(run_dir: Path, resolved: Dict) -> None:
@@ -40,12 +41,12 @@ def check_local(cfg: AblateConfig) -> None:
     """What this machine cannot run (precision, strategy, memory), said before any rank starts."""
     import torch
 
-    from ablate.distributed import device_type
-    from ablate.train import check_runnable
+    from ablate.train.distributed import device_type
+    from ablate.train.loop import check_runnable
 
     kind = device_type(cfg.train.device)
     if kind == "cuda":
-        from ablate.distributed import check_ranks_fit_gpus
+        from ablate.train.distributed import check_ranks_fit_gpus
 
         check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
     check_runnable(cfg, torch.device(kind))
@@ -54,13 +55,13 @@ def check_local(cfg: AblateConfig) -> None:
 
 def check_slurm(cfg: AblateConfig) -> None:
     """Slurm nodes check their own hardware; here only the request and the cluster."""
-    from ablate import slurm
+    from ablate.launcher import slurm
 
     slurm.check(cfg.launcher)
 
 
 def launch_local(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    from ablate import train
+    from ablate.train import loop as train
 
     if cfg.launcher.nproc_per_node > 1 and not _already_a_rank():
         return spawn_local_ranks(cfg, run_dir, resolved, choices, applied)
@@ -68,7 +69,9 @@ def launch_local(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict
 
 
 def launch_slurm(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    from ablate import slurm, slurm_array, train
+    from ablate.launcher import array as slurm_array
+    from ablate.launcher import slurm
+    from ablate.train import loop as train
 
     if _already_a_rank():   # a task of the job (or srun): train here
         return train.run(cfg, run_dir, resolved, choices, applied)
@@ -105,7 +108,7 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
 def _rank_entry(cfg, run_dir, resolved, choices, applied):
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from ablate import train
+    from ablate.train import loop as train
 
     return record(train.run)(cfg, run_dir, resolved, choices, applied)
 

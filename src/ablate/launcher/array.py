@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from ablate import cluster, slurm
+from ablate.launcher import cluster, slurm
 
 
 def queue(path: Path, train: "slurm.SlurmTrain", params: Dict[str, object]) -> Dict[str, str]:

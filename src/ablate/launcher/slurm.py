@@ -22,10 +22,10 @@ from typing import Dict, Optional
 import submitit
 from submitit.helpers import Checkpointable
 
-from ablate import cluster
 from ablate.config import AblateConfig, ConfigError, LauncherConfig
-from ablate.failures import is_consequence
-from ablate.tracking import uses_wandb
+from ablate.launcher import cluster
+from ablate.launcher.failures import is_consequence
+from ablate.logger import uses_wandb
 
 
 def check(lc: LauncherConfig) -> None:
@@ -100,7 +100,8 @@ class SlurmTrain(Checkpointable):
         self.cfg, self.resolved, self.run_dir, self.choices = cfg, resolved, run_dir, choices
 
     def __call__(self) -> Optional[Dict]:
-        from ablate import environment, train
+        from ablate.launcher import environment
+        from ablate.train import loop as train
 
         applied = environment.apply(self.cfg)
         return train.run(self.cfg, self.run_dir, self.resolved, self.choices, applied)
@@ -151,7 +152,7 @@ def submit_jobs(executor, trains: list) -> list:
 def forget_run_dir(run_dir: Path, resume) -> str:
     """Nothing ran: remove the run dir this call made (its config, Hydra's files, submitit's folder), so a
     refused submission leaves nothing behind. A directory holding a run, or being resumed, is kept."""
-    from ablate import guards
+    from ablate.train import guards
 
     if resume or guards.holds_a_run(run_dir):
         return ""

@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from ablate import runs as R
-from ablate import stats, units
+from ablate import units
+from ablate.report import runs as R
+from ablate.report import stats
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
               "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
@@ -249,7 +250,7 @@ def main(argv: List[str] = None) -> int:
               "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
               file=sys.stderr)
         return 2
-    from ablate import report_output
+    from ablate.report import output as report_output
 
     out = args.out or args.dirs[0]
     out.mkdir(parents=True, exist_ok=True)
@@ -260,5 +261,3 @@ def main(argv: List[str] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from ablate import stats, units
-from ablate.stats import VERDICTS
+from ablate import units
+from ablate.report import stats
+from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
                   "for ratios and reductions). *reproduced*: the whole interval lies on the claimed side of the "
@@ -72,7 +73,7 @@ ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "data_wait_frac", "mem_peak_bytes"
 
 def timelines(out: Path, group) -> List[str]:
     """One profiled step per rank of each arm's first traced run: compute / comm / data-wait lanes."""
-    from ablate import timeline
+    from ablate.report import timeline
 
     written = []
     for role, arm in group.arms.items():

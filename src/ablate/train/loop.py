@@ -11,16 +11,17 @@ from typing import Dict, Optional
 
 import torch
 
-from ablate import allocator, checkpoint, distributed, parallel, provenance
+from ablate import allocator, parallel
 from ablate import precision as precision_group
 from ablate.config import AblateConfig
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
-from ablate.data import DeviceFeeder, build_loader
+from ablate.dataloader import DeviceFeeder, build_loader
+from ablate.logger import Tracker
 from ablate.metrics import comm
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
-from ablate.tracking import Tracker
+from ablate.train import checkpoint, distributed, provenance
 
 
 def check_runnable(cfg: AblateConfig, device: torch.device) -> None:

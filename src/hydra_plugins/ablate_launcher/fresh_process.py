@@ -77,9 +77,9 @@ class FreshProcessLauncher(Launcher):
 
 
 def submit_array(points: List[Path], sweep_dir: Path) -> None:
-    from ablate import slurm_array
-    from ablate.cli import fail
+    from ablate.compose import fail
     from ablate.config import ConfigError
+    from ablate.launcher import array as slurm_array
 
     try:
         slurm_array.submit(points, sweep_dir)

@@ -1,0 +1,9 @@
+"""report/: claimed vs measured, from run directories only (never imports the trainer).
+
+compare.py (`python -m ablate.report`: groups, checks, verdicts) -> runs.py (arms and repeats from
+summary.json + config.yaml) -> stats.py (intervals and the verdict rule) -> output.py (report.md, CSV,
+PNG) -> timeline.py (the overlap picture of a profiled step).
+"""
+from ablate.report.compare import build, main
+
+__all__ = ["build", "main"]
