@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablate import CONF_DIR, launcher
-from ablate.config.store import register, validate
+from ablate.compose import validate
+from ablate.config.store import register
 from ablate.dataloader import SyntheticBatches
 from ablate.model import build_model
 from ablate.parallel.base import make_adamw

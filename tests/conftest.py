@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablate import CONF_DIR
-from ablate.config.store import register, validate
+from ablate.compose import validate
+from ablate.config.store import register
 
 REPO = Path(__file__).resolve().parents[1]
 # What a launcher, Slurm or a W&B login would have put in the environment, removed once for the whole test

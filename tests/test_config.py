@@ -3,8 +3,8 @@ import itertools
 
 import pytest
 
+from ablate.compose import validate
 from ablate.config import AblateConfig, ConfigError
-from ablate.config.store import validate
 from conftest import compose_cfg, group_choices
 
 FIVE = ("precision", "parallel", "allocator", "dataloader", "nccl")

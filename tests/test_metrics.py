@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ablate.compose import validate
 from ablate.config import ModelConfig
-from ablate.config.store import validate
 from ablate.metrics import flops as F
 from ablate.metrics.memory import fragmentation
 from ablate.model import build_model

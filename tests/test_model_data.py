@@ -45,7 +45,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
 
 def test_named_sizes_have_their_published_parameter_counts():
     # Llama 3.2 1B: 1.24B; Llama 3.1 8B: 8.03B; 70B: 70.6B (model cards)
-    from ablate.config.store import validate
+    from ablate.compose import validate
     from conftest import compose_cfg
 
     expected = {"1b": 1.24e9, "8b": 8.03e9, "70b": 70.6e9}

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from ablate import parallel
-from ablate.config.store import validate
+from ablate.compose import validate
 from ablate.plan import param_numels
 from conftest import RUN_COMMON, compose_cfg, run_cli
 

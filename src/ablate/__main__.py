@@ -1,53 +1,61 @@
-"""`python -m ablate [overrides]`: validate -> launch (local ranks or Slurm) -> train on each rank."""
+"""`python -m ablate [overrides]`: compose once (compose.py) -> launch (launcher/) -> train on each rank (train/).
+
+A single run is composed and checked once before anything is created (compose.run_single); -m and Hydra's
+other flags go through hydra.main after every point of the grid was checked (compose.preflight), and each
+job of a multirun is then this same command in a fresh process (src/hydra_plugins/).
+"""
 from __future__ import annotations
 
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Dict
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import CONF_DIR
-from ablate.compose import fail, preflight
-from ablate.config import ConfigError
-from ablate.config.store import LABELLED_BY_CHOICE, register, validate
+from ablate import CONF_DIR, compose, launcher
+from ablate.config import AblateConfig, ConfigError, fail
+from ablate.config.store import LABELLED_BY_CHOICE, register
 from ablate.train import guards
+from ablate.train.checkpoint import RunStopped
 
 register()
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def hydra_main(cfg: DictConfig):
-    from ablate import launcher
-
-    hydra_cfg = HydraConfig.get()
-    runtime = hydra_cfg.runtime
-    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.get("group") is None:
-        cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
-    choices = {k: v for k, v in runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    run_dir = Path(runtime.output_dir)
-    try:
-        typed = validate(cfg, choices)
-    except ConfigError as e:
-        forget_run_dir(run_dir)
-        fail(str(e))
-    for group in LABELLED_BY_CHOICE:     # the record says what ran
-        cfg[group].name = getattr(typed, group).name
+def start(cfg: DictConfig, checked: AblateConfig, choices: Dict[str, str]):
+    """The task Hydra runs in the run dir: the record says what ran, then the ranks start where
+    `launcher=` says."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    for group in LABELLED_BY_CHOICE:
+        cfg[group].name = getattr(checked, group).name
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    from ablate.train.checkpoint import RunStopped
-
     try:
-        return launcher.launch(typed, resolved, run_dir, choices)
+        return launcher.launch(checked, resolved, run_dir, choices)
     except ConfigError as e:   # found only once running (e.g. a checkpoint that is not there)
         forget_run_dir(run_dir)
         fail(str(e))
     except RunStopped as e:    # stopped on purpose: a signal, or training that went non-finite
         print(f"ablate: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_main(cfg: DictConfig):
+    """-m and Hydra's flags: Hydra composed `cfg` (the grid was checked before, by compose.preflight)."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.get("group") is None:
+        cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    try:
+        checked = compose.validate(cfg, choices)
+    except ConfigError as e:
+        forget_run_dir(Path(hydra_cfg.runtime.output_dir))
+        fail(str(e))
+    return start(cfg, checked, choices)
 
 
 _EXISTED: set = set()   # run dirs named on the command line that were there before this call
@@ -62,11 +70,16 @@ def forget_run_dir(run_dir: Path) -> None:
 
 
 def main() -> None:
-    _EXISTED.update(Path(a.split("=", 1)[1].strip("'\"")).resolve() for a in sys.argv[1:]
+    argv = sys.argv[1:]
+    _EXISTED.update(Path(a.split("=", 1)[1].strip("'\"")).resolve() for a in argv
                     if a.startswith("hydra.run.dir=") and Path(a.split("=", 1)[1].strip("'\"")).exists())
+    checked_by_parent = bool(os.environ.pop("ABLATE_PREFLIGHT_DONE", None))   # a sweep checked its whole grid
     try:
-        if not os.environ.pop("ABLATE_PREFLIGHT_DONE", None):   # ablate.sweeps validated the whole grid
-            preflight(sys.argv[1:])
+        if compose.is_single_run(argv) and compose.run_single(argv, start, checks=not checked_by_parent) \
+                is not compose.MULTIRUN:
+            return
+        if not checked_by_parent:
+            compose.preflight(argv)
     except ConfigError as e:
         fail(str(e))
     hydra_main()

@@ -1,6 +1,9 @@
-"""Command-line checks before Hydra runs anything: a bad choice, type or value, or a combination this
-machine cannot run, ends in ONE line naming the key and the valid choices, exit code 2, no traceback,
-and no run directory created.
+"""A command line composed once: Hydra's composition, made typed and checked against the registries, before
+Hydra runs anything. A bad choice, type or value, or a combination this machine cannot run, ends in ONE
+line naming the key and the valid choices, exit code 2, no traceback, and no run directory created.
+
+A single run (`compose_run`) is composed once and the same config object is what Hydra's `run_job` hands
+to the task; a multirun (`preflight`) composes every point of its grid to check it before the sweep starts.
 
 The valid choices are Hydra's own (its config repository, so `--config-dir` and `hydra.searchpath`
 add choices to any group, sweeps included). Hydra's informational flags (--help, --hydra-help, -sc,
@@ -10,27 +13,30 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import List, NoReturn, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.callbacks import Callbacks
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import run_job
 from hydra.errors import MissingConfigException
+from hydra.types import HydraContext, RunMode
+from omegaconf import DictConfig
 
-from ablate import CONF_DIR
+from ablate import CONF_DIR, launcher, logger, parallel, precision
 from ablate.config import AblateConfig, ConfigError
-from ablate.config.store import register, validate
+from ablate.config.store import register, typed
+from ablate.train import guards
 
-EXIT_USAGE = 2
+# `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
+REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
+              "launcher": launcher.REGISTRY}
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 TAKES_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                "--experimental-rerun")
-
-
-def fail(message: str) -> NoReturn:
-    print(f"ablate: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
 
 
 def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
@@ -86,19 +92,33 @@ def choices(group: str, overrides: List[str] = ()) -> List[str]:
     return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
 
 
+def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:
+    """The typed, value-checked config (config/store.py) whose every group's `name` its registry implements."""
+    cfg = typed(cfg, choices)
+    check_choices(cfg)
+    return cfg
+
+
+def check_choices(cfg: AblateConfig) -> None:
+    """Every group's `name` is one its registry implements, and the strategy can run on the ranks asked."""
+    for group, registry in REGISTRIES.items():
+        name = getattr(cfg, group).name
+        if name not in registry:
+            raise ConfigError(f"{group}.name={name}: not a valid choice; valid choices: {', '.join(registry)}")
+    world = cfg.launcher.world_size
+    if world > 1 and not parallel.REGISTRY[cfg.parallel.name].needs_group:
+        several = [c for c, spec in parallel.REGISTRY.items() if spec.needs_group]
+        raise ConfigError(f"parallel={cfg.parallel.name} with {world} ranks (launcher nodes x nproc_per_node): one "
+                          f"process only; valid choices for several ranks: {', '.join(several)}")
+
+
 def check_hardware(cfg: AblateConfig) -> None:
     """What this machine cannot run, said before anything starts (each launcher checks its own)."""
-    from ablate import launcher
-
     launcher.check(cfg)
 
 
 def check_run_dir(overrides: List[str]) -> None:
     """hydra.run.dir: not empty, not already holding a run (unless resumed), writable."""
-    from pathlib import Path
-
-    from ablate.train import guards
-
     guards.check_run_dir_override(overrides)
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if not given or any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
@@ -127,14 +147,13 @@ def grid(overrides: List[str]) -> List[List[str]]:
 
 def _validate(combo: List[str], hardware: bool) -> None:
     try:
-        cfg = compose("config", overrides=list(combo))
-        typed = validate(cfg)
+        checked = validate(compose("config", overrides=list(combo)))
     except ConfigError:
         raise
     except Exception as e:
         raise _one_line(e) from None
     if hardware:
-        check_hardware(typed)
+        check_hardware(checked)
 
 
 def preflight(argv: List[str], hardware: bool = True) -> None:
@@ -154,3 +173,61 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
             raise _one_line(e) from None
         for combo in combos:
             _validate(combo, hardware)
+
+
+MULTIRUN = object()   # what run_single returns when the composed config asks for a multirun (a sweeps/ file)
+Task = Callable[[DictConfig, AblateConfig, Dict[str, str]], object]
+
+
+def is_single_run(argv: List[str]) -> bool:
+    """A plain `python -m ablate [overrides]` (--config-dir allowed) and no sweep override: composed here,
+    once. -m, Hydra's other flags and sweep overrides (a,b) go through hydra.main."""
+    if any(a.startswith("-") and a.split("=")[0] not in ("--config-dir", "-cd") for a in argv):
+        return False
+    try:
+        parsed = OverridesParser.create().parse_overrides(split_argv(argv)[0])
+    except Exception:
+        return False   # Hydra's own message, through preflight
+    return not any(o.is_sweep_override() for o in parsed)
+
+
+def _composed(overrides: List[str]) -> Tuple[DictConfig, Dict[str, str]]:
+    """Hydra's composition of a single run, hydra node included (inside hydra_context), and its choices."""
+    try:
+        cfg = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.RUN,
+                                                          with_log_configuration=True)
+    except Exception as e:
+        raise _one_line(e) from None
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    return cfg, choices
+
+
+def run_single(argv: List[str], task: Task, checks: bool = True):
+    """Compose a single run ONCE, check it (values, registries, run dir, and with `checks` this machine), then
+    hand that same config to Hydra's run_job (run dir, .hydra/, logging), which calls task(cfg, checked,
+    choices) inside it. Nothing is created before every check passed. Returns MULTIRUN, having run nothing,
+    when the config itself asks for a multirun (a sweeps/ file's `hydra.mode`)."""
+    register()
+    overrides, config_dirs = split_argv(argv)
+    if checks:
+        check_run_dir(overrides)
+    with hydra_context():
+        cfg, choices = _composed(_search_path(overrides, config_dirs))
+        if cfg.hydra.mode == RunMode.MULTIRUN:
+            return MULTIRUN
+        try:
+            checked = validate(cfg, choices)
+        except ConfigError:
+            raise
+        except Exception as e:
+            raise _one_line(e) from None
+        if checks:
+            check_hardware(checked)
+        cfg.hydra.mode = RunMode.RUN
+        callbacks = Callbacks(cfg)
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        callbacks.on_run_start(config=cfg, config_name="config")
+        ret = run_job(hydra_context=context, task_function=lambda task_cfg: task(task_cfg, checked, choices),
+                      config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True)
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
+        return ret.return_value   # the task's own exception, raised again

@@ -128,7 +128,7 @@ def _parse(argv: List[str]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from ablate.compose import fail
+    from ablate.config import fail
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
@@ -142,8 +142,7 @@ def compose(overrides: List[str]):
     from hydra import compose as hydra_compose
     from omegaconf import OmegaConf
 
-    from ablate.compose import hydra_context, preflight
-    from ablate.config.store import validate
+    from ablate.compose import hydra_context, preflight, validate
 
     preflight([*overrides, "train.skip_memory_check=true"], hardware=False)   # one-line errors, no traceback
     with hydra_context():

@@ -79,9 +79,8 @@ def main(argv: List[str] = None) -> None:
     from hydra import compose, initialize_config_dir
 
     from ablate import CONF_DIR
-    from ablate.compose import fail, preflight
-    from ablate.config import ConfigError
-    from ablate.config.store import validate
+    from ablate.compose import preflight, validate
+    from ablate.config import ConfigError, fail
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):

@@ -1,63 +1,18 @@
-"""Structured configs: one dataclass per config group (registered in Hydra's ConfigStore by schema.py).
+"""Structured configs: one dataclass per config group (registered in Hydra's ConfigStore by store.py).
 
 `conf/<group>/<choice>.yaml` files fill these schemas; OmegaConf checks types while Hydra composes,
-and `schema.validate()` checks values (each dataclass's `__post_init__`) and the choices the registries
-implement (this module imports none of them: every other module imports this one).
+and `compose.validate()` checks values (each dataclass's `__post_init__`) and the choices the registries
+implement (config/ imports none of them: every other module imports config/).
 A bad value ends in one `ConfigError` line naming the key and the valid choices.
 """
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-
-class ConfigError(ValueError):
-    """A user mistake in the config: printed as one line, never a traceback."""
-
-
-def _choice(key: str, value: Any, valid) -> None:
-    if value not in valid:
-        raise ConfigError(f"{key}={value}: not a valid choice; valid choices: {', '.join(map(str, valid))}")
-
-
-@dataclass(frozen=True)
-class Range:
-    """A number's allowed values: [low, high] with either end open; None when unbounded."""
-    low: Optional[float] = None
-    high: Optional[float] = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def holds(self, v: float) -> bool:
-        if not math.isfinite(v):
-            return False
-        above = self.low is None or (v > self.low if self.low_open else v >= self.low)
-        below = self.high is None or (v < self.high if self.high_open else v <= self.high)
-        return above and below
-
-    def __str__(self) -> str:
-        parts = [f"{'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "",
-                 f"{'<' if self.high_open else '<='} {self.high:g}" if self.high is not None else ""]
-        return " and ".join(p for p in parts if p)
-
-
-def num(default, low=None, high=None, *, low_open=False, high_open=False, null: str = ""):
-    """A numeric field with its range (checked by `check_ranges`); `null` says what None means, if allowed."""
-    return field(default=default, metadata={"range": Range(low, high, low_open, high_open), "null": null})
-
-
-def check_ranges(node, group: str) -> None:
-    """Every numeric field of a group against its declared range, before anything computes with it."""
-    for f in fields(node):
-        rng, value = f.metadata.get("range"), getattr(node, f.name)
-        if rng is None or value is None or isinstance(value, bool):
-            continue
-        if not rng.holds(float(value)):
-            null = f"; or null ({f.metadata['null']})" if f.metadata.get("null") else ""
-            finite = "" if math.isfinite(float(value)) else "a finite number "
-            raise ConfigError(f"{group}.{f.name}={value}: out of range; allowed: {finite}{rng}{null}")
+from ablate.config.errors import ConfigError
+from ablate.config.fields import check_ranges, choice, num
 
 
 @dataclass
@@ -79,7 +34,7 @@ class ModelConfig:
 
     def __post_init__(self):
         check_ranges(self, "model")
-        _choice("model.attention", self.attention, ("sdpa", "math"))
+        choice("model.attention", self.attention, ("sdpa", "math"))
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
                               f"{self.n_kv_heads}: dim must divide by n_heads and n_heads by n_kv_heads")
@@ -117,7 +72,7 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be < train.steps={self.steps}")
         if self.seq_len_min is not None and self.seq_len_min > self.seq_len:
             raise ConfigError(f"train.seq_len_min={self.seq_len_min}: must be in [1, train.seq_len={self.seq_len}]")
-        _choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        choice("train.device", self.device, ("auto", "cpu", "cuda"))
         if self.resume is not None and not os.path.exists(self.resume):
             raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
 
@@ -214,7 +169,7 @@ class LoggerConfig:
 
     def __post_init__(self):
         check_ranges(self, "logger")
-        _choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
+        choice("logger.mode", self.mode, ("auto", "online", "offline", "disabled"))
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """From Hydra's composition to the typed config: the schema registered with Hydra's ConfigStore, keys the
-schema does not declare refused in one line, every value checked (`validate`), and the resolver that names
+schema does not declare refused in one line, every value checked (`typed`), and the resolver that names
 a multirun job's folder (`hydra.sweep.subdir`)."""
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ from typing import List, Mapping, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ablate import launcher, logger, parallel, precision
-from ablate.config import AblateConfig, ConfigError
-
-# `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
-REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
-              "launcher": launcher.REGISTRY}
+from ablate.config.errors import ConfigError
+from ablate.config.groups import AblateConfig
 
 
 def register() -> None:
@@ -59,10 +55,10 @@ def unknown_keys(node, schema, prefix: str = "") -> List[str]:
 LABELLED_BY_CHOICE = ("model", "allocator", "dataloader", "nccl")
 
 
-def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:
+def typed(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:
     """Typed, value-checked config object (runs every `__post_init__`); keys the schema does not know
-    (added with `+`) are refused in one line. `choices`: Hydra's group choices (read from the config's
-    `hydra` node when it has one)."""
+    (added with `+`) are refused in one line; compose.validate adds the registries' choices. `choices`:
+    Hydra's group choices (read from the config's `hydra` node when it has one)."""
     plain = cfg
     if "hydra" in cfg:   # a copy without it, still typed (masked_copy would drop the schema: a plain dict)
         choices = choices or dict(cfg.hydra.runtime.get("choices") or {})
@@ -81,19 +77,4 @@ def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> Ab
             node = getattr(node, part)
         valid = ", ".join(f.name for f in fields(node))
         raise ConfigError(f"{key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
-    typed = OmegaConf.to_object(plain)
-    check_choices(typed)
-    return typed
-
-
-def check_choices(cfg: AblateConfig) -> None:
-    """Every group's `name` is one its registry implements, and the strategy can run on the ranks asked."""
-    for group, registry in REGISTRIES.items():
-        name = getattr(cfg, group).name
-        if name not in registry:
-            raise ConfigError(f"{group}.name={name}: not a valid choice; valid choices: {', '.join(registry)}")
-    world = cfg.launcher.world_size
-    if world > 1 and not parallel.REGISTRY[cfg.parallel.name].needs_group:
-        several = [c for c, spec in parallel.REGISTRY.items() if spec.needs_group]
-        raise ConfigError(f"parallel={cfg.parallel.name} with {world} ranks (launcher nodes x nproc_per_node): one "
-                          f"process only; valid choices for several ranks: {', '.join(several)}")
+    return OmegaConf.to_object(plain)

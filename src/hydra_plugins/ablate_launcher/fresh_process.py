@@ -77,8 +77,7 @@ class FreshProcessLauncher(Launcher):
 
 
 def submit_array(points: List[Path], sweep_dir: Path) -> None:
-    from ablate.compose import fail
-    from ablate.config import ConfigError
+    from ablate.config import ConfigError, fail
     from ablate.launcher import array as slurm_array
 
     try:

@@ -1,0 +1,24 @@
+"""config/ (conf/config.yaml and every group's schema): what a run is asked to be, checked before it starts.
+
+errors.py (the one-line user error and its exit) <- fields.py (ranges, choices) <- groups.py (one dataclass
+per conf group) <- store.py (registered with Hydra's ConfigStore; Hydra's composition made typed).
+compose.py, one level up, composes a command line once and checks the choices against the registries.
+"""
+from ablate.config.errors import EXIT_USAGE, ConfigError, fail
+from ablate.config.groups import (
+    AblateConfig,
+    AllocatorConfig,
+    DataloaderConfig,
+    LauncherConfig,
+    LoggerConfig,
+    MetricsConfig,
+    ModelConfig,
+    NcclConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    TrainConfig,
+)
+
+__all__ = ["EXIT_USAGE", "ConfigError", "fail", "AblateConfig", "AllocatorConfig", "DataloaderConfig",
+           "LauncherConfig", "LoggerConfig", "MetricsConfig", "ModelConfig", "NcclConfig", "ParallelConfig",
+           "PrecisionConfig", "TrainConfig"]
