@@ -14,11 +14,17 @@ import uuid
 from pathlib import Path
 from typing import Dict, Optional
 
+import torch
 import yaml
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ablate.config import AblateConfig
-from ablate.launcher import environment, failures
+from ablate.launcher import array as slurm_array
+from ablate.launcher import environment, failures, slurm
 from ablate.train import guards
+from ablate.train import loop as train
+from ablate.train.distributed import check_ranks_fit_gpus, device_type, rank_env
 
 
 def _write_config(run_dir: Path, resolved: Dict) -> None:
@@ -27,53 +33,28 @@ def _write_config(run_dir: Path, resolved: Dict) -> None:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
 
 
-def _already_a_rank() -> bool:
-    """Started by torchrun, srun (several tasks) or our own launcher: train here, spawn nothing."""
-    return "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-
-
-def _job_rank() -> int:
-    """This process's global rank when started as one task of several (torchrun, srun), else 0."""
-    return int(os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if _already_a_rank() else None) or 0)
-
-
 def check_local(cfg: AblateConfig) -> None:
     """What this machine cannot run (precision, strategy, memory), said before any rank starts."""
-    import torch
-
-    from ablate.train.distributed import device_type
-    from ablate.train.loop import check_runnable
-
     kind = device_type(cfg.train.device)
     if kind == "cuda":
-        from ablate.train.distributed import check_ranks_fit_gpus
-
         check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
-    check_runnable(cfg, torch.device(kind))
+    train.check_runnable(cfg, torch.device(kind))
     guards.check_memory(cfg, kind)
 
 
 def check_slurm(cfg: AblateConfig) -> None:
     """Slurm nodes check their own hardware; here only the request and the cluster."""
-    from ablate.launcher import slurm
-
     slurm.check(cfg.launcher)
 
 
 def launch_local(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    from ablate.train import loop as train
-
-    if cfg.launcher.nproc_per_node > 1 and not _already_a_rank():
+    if cfg.launcher.nproc_per_node > 1 and not rank_env().launched:
         return spawn_local_ranks(cfg, run_dir, resolved, choices, applied)
     return train.run(cfg, run_dir, resolved, choices, applied)
 
 
 def launch_slurm(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    from ablate.launcher import array as slurm_array
-    from ablate.launcher import slurm
-    from ablate.train import loop as train
-
-    if _already_a_rank():   # a task of the job (or srun): train here
+    if rank_env().launched:   # a task of the job (or srun): train here
         return train.run(cfg, run_dir, resolved, choices, applied)
     array_file = os.environ.pop("ABLATE_SLURM_ARRAY", None)
     if array_file:   # one point of a sweep: the sweep's launcher submits all points as one job array
@@ -93,7 +74,7 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     """Write the run's config, apply the allocator/NCCL environment (in the submitting process too: the
     sbatch script exports it), then start the ranks where `launcher=` says. A directory that already holds
     a run, or that another live run writes into, is refused (guards.py)."""
-    owner = _job_rank() == 0     # several tasks of one job (srun, torchrun) share the directory: rank 0 owns it
+    owner = rank_env().rank == 0     # several tasks of one job (srun, torchrun) share the directory: rank 0 owns it
     if owner:
         guards.check_fresh(run_dir, cfg.train.resume)
         guards.lock(run_dir)
@@ -106,18 +87,11 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
 
 
 def _rank_entry(cfg, run_dir, resolved, choices, applied):
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    from ablate.train import loop as train
-
     return record(train.run)(cfg, run_dir, resolved, choices, applied)
 
 
 def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
                       applied: Dict) -> Optional[Dict]:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     n = cfg.launcher.nproc_per_node
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from ablate import units
 from ablate.launcher import cluster, slurm
 
 
@@ -96,8 +97,6 @@ def wait_all(jobs: list, cancel_unrunnable: bool) -> None:
 def _figures(run_dir: Path) -> str:
     """The figures a finished task's summary leads with, for its one line."""
     import json
-
-    from ablate import units
 
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())

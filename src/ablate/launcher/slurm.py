@@ -23,9 +23,11 @@ import submitit
 from submitit.helpers import Checkpointable
 
 from ablate.config import AblateConfig, ConfigError, LauncherConfig
-from ablate.launcher import cluster
+from ablate.launcher import cluster, environment
 from ablate.launcher.failures import is_consequence
 from ablate.logger import uses_wandb
+from ablate.train import guards
+from ablate.train import loop as train
 
 
 def check(lc: LauncherConfig) -> None:
@@ -100,9 +102,6 @@ class SlurmTrain(Checkpointable):
         self.cfg, self.resolved, self.run_dir, self.choices = cfg, resolved, run_dir, choices
 
     def __call__(self) -> Optional[Dict]:
-        from ablate.launcher import environment
-        from ablate.train import loop as train
-
         applied = environment.apply(self.cfg)
         return train.run(self.cfg, self.run_dir, self.resolved, self.choices, applied)
 
@@ -144,16 +143,14 @@ def submit_jobs(executor, trains: list) -> list:
         gone = [forget_run_dir(t.run_dir, t.cfg.train.resume) for t in trains]
         said = gone[0] if len(gone) == 1 else " (nothing ran; its run dirs removed)" if any(gone) else ""
         raise ConfigError(f"sbatch refused the job{' array' if len(trains) > 1 else ''}: {error}{said}") from None
-    for job, train in zip(jobs, trains):
-        job.run_dir = train.run_dir
+    for job, pending in zip(jobs, trains):
+        job.run_dir = pending.run_dir
     return jobs
 
 
 def forget_run_dir(run_dir: Path, resume) -> str:
     """Nothing ran: remove the run dir this call made (its config, Hydra's files, submitit's folder), so a
     refused submission leaves nothing behind. A directory holding a run, or being resumed, is kept."""
-    from ablate.train import guards
-
     if resume or guards.holds_a_run(run_dir):
         return ""
     guards.release(run_dir)

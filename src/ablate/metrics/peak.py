@@ -21,6 +21,7 @@ from typing import Dict, Optional
 import torch
 
 from ablate.metrics import flops as F
+from ablate.precision import numerics
 
 USER_CACHE_MAX_AGE_S = 24 * 3600
 
@@ -72,8 +73,6 @@ class Peak:
     """The run's peak FLOP/s per device and where it came from (`source`), with every candidate kept."""
 
     def __init__(self, cfg, device: torch.device, notes: Dict[str, str]):
-        from ablate.precision import numerics
-
         spec = numerics(cfg.precision.name)
         self.datasheet = self.measured = None
         self.probe: Dict[str, object] = {}

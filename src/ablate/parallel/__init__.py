@@ -13,6 +13,7 @@ from typing import List, Optional
 
 from ablate.config import AblateConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from ablate.parallel.base import Breakdown, CommCounter, Strategy
+from ablate.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,6 @@ def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: Tr
           world_size: int) -> Strategy:
     """The strategy for `parallel=`, owning the numerics of `precision=` (see precision.py).
     fp8 layers are converted before torch.compile, which comes before the strategy wraps the model."""
-    from ablate.precision import Precision
-
     prec = Precision(precision, device)
     model = prec.prepare_model(model)
     if train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a

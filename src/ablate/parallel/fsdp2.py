@@ -18,6 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from ablate.config import ConfigError
 from ablate.metrics.comm import CollectiveCounter
 from ablate.parallel.base import Breakdown, TorchStrategy
+from ablate.precision import numerics
 
 
 class FSDP2(TorchStrategy):
@@ -30,8 +31,6 @@ class FSDP2(TorchStrategy):
 
     @classmethod
     def check(cls, parallel, precision, has_cuda: bool) -> None:
-        from ablate.precision import numerics
-
         if numerics(precision.name).loss_scaling:
             raise ConfigError(f"parallel=fsdp2 with precision={precision.name}: torch's GradScaler does not "
                               "handle sharded gradients here; valid: precision=fp32, bf16")

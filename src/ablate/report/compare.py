@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
+from ablate.metrics.peak import user_cache_dir
+from ablate.report import output as report_output
 from ablate.report import runs as R
 from ablate.report import stats
 
@@ -164,8 +166,6 @@ def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:
 
 def noise_floor(groups: List[R.Group], checks: List[Check]) -> Optional[Dict[str, object]]:
     """tokens/s between identical runs (the A/A sweep), from these runs or the last one cached on this host."""
-    from ablate.metrics.peak import user_cache_dir
-
     cache = user_cache_dir() / "noise_floor.json"
     floors = [c for c in checks if c.metric == "tokens_per_s" and c.ci_low is not None
               and any(g.name == c.sweep and g.sweep.get("noise_floor") for g in groups)]
@@ -250,8 +250,6 @@ def main(argv: List[str] = None) -> int:
               "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
               file=sys.stderr)
         return 2
-    from ablate.report import output as report_output
-
     out = args.out or args.dirs[0]
     out.mkdir(parents=True, exist_ok=True)
     path = report_output.write(out, report)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ablate import units
-from ablate.report import stats
+from ablate.report import stats, timeline
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -73,8 +73,6 @@ ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "data_wait_frac", "mem_peak_bytes"
 
 def timelines(out: Path, group) -> List[str]:
     """One profiled step per rank of each arm's first traced run: compute / comm / data-wait lanes."""
-    from ablate.report import timeline
-
     written = []
     for role, arm in group.arms.items():
         run = next((r for r in arm.runs if (r.path / "traces").is_dir()), None)

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ablate.config import ConfigError
+from ablate.metrics.comm import paused
+from ablate.train.distributed import rank_env
 
 DIRNAME = "checkpoint"     # <run dir>/checkpoint/: meta.pt (rank 0) + the strategy's own files
 PREVIOUS = DIRNAME + ".prev"
@@ -197,7 +199,7 @@ class Preemption:
     def __init__(self, world_size: int):
         self.signum: Optional[int] = None
         self.previous = {}
-        self.slurm = "SUBMITIT_EXECUTOR" in os.environ or "SLURM_JOB_ID" in os.environ
+        self.slurm = rank_env().in_slurm
         self.world_size = world_size
         signals = (signal.SIGUSR2, signal.SIGTERM) if self.slurm else (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
@@ -214,8 +216,6 @@ class Preemption:
     def due(self) -> bool:
         if self.world_size == 1:
             return self.signum is not None
-        from ablate.metrics.comm import paused
-
         flag = torch.tensor([self.signum or 0], dtype=torch.int64)
         with paused():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_control_group())

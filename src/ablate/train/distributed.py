@@ -1,10 +1,14 @@
-"""Rank discovery (torchrun / our local launcher / srun / submitit), process-group init, clean exit."""
+"""The rank environment (torchrun / our local launcher / srun / submitit), process-group init, clean exit.
+
+`rank_env()` is the one reader of the variables a launcher gives its ranks (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK) and of Slurm's (SLURM_*); every other module asks it.
+"""
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,9 +28,41 @@ class DistEnv:
         return self.rank == 0
 
 
+@dataclass(frozen=True)
+class RankEnv:
+    """This process's place in a job, as the process environment says it."""
+    rank: int                   # RANK, or SLURM_PROCID in a Slurm step of several tasks; else 0
+    world_size: int
+    local_rank: int
+    local_world_size: int       # LOCAL_WORLD_SIZE, or SLURM_NTASKS_PER_NODE
+    node_rank: int              # SLURM_NODEID, or torchrun's GROUP_RANK
+    launched: bool              # started as one rank of several (torchrun, srun, our launcher): train here
+    slurm_tasks: int            # SLURM_NTASKS (1 outside a Slurm step)
+    slurm_job: Optional[str]    # SLURM_JOB_ID inside a Slurm job (a requeued job resumes its own checkpoint)
+    submitit: bool              # started by submitit's sbatch script
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.submitit or self.slurm_job is not None
+
+
+def rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
+    """The rank environment, read now (a Slurm step's variables become RANK... once `setup` exported them)."""
+    slurm_tasks = int(environ.get("SLURM_NTASKS", "1"))
+    launched = "RANK" in environ or slurm_tasks > 1
+    rank = environ.get("RANK") or (environ.get("SLURM_PROCID") if launched else None) or 0
+    local_rank = int(environ.get("LOCAL_RANK", 0))
+    return RankEnv(rank=int(rank), world_size=int(environ.get("WORLD_SIZE", 1)), local_rank=local_rank,
+                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE") or environ.get("SLURM_NTASKS_PER_NODE")
+                                        or local_rank + 1),
+                   node_rank=int(environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or 0),
+                   launched=launched, slurm_tasks=slurm_tasks, slurm_job=environ.get("SLURM_JOB_ID"),
+                   submitit="SUBMITIT_EXECUTOR" in environ)
+
+
 def _export_slurm_env() -> None:
     """Inside a Slurm step with several tasks: RANK, WORLD_SIZE, MASTER_ADDR... from Slurm's variables."""
-    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+    if "RANK" in os.environ or rank_env().slurm_tasks <= 1:
         return
     from submitit.helpers import TorchDistributedEnvironment
 
@@ -52,7 +88,7 @@ def check_ranks_fit_gpus(local_ranks: int, gpus: int) -> None:
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
     if device_type(choice) == "cuda":
-        check_ranks_fit_gpus(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), torch.cuda.device_count())
+        check_ranks_fit_gpus(rank_env().local_world_size, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -69,8 +105,7 @@ def share_cpu_threads() -> None:
     rank running as many threads as there are cores, spinning threads collide and step times swing 4x."""
     if "OMP_NUM_THREADS" in os.environ:
         return
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank_env().local_world_size))
 
 
 # what a world of one sets for itself (and takes back at teardown): the variables every launcher gives
@@ -92,9 +127,8 @@ def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     """Join the job's process group: always with several ranks, and with one when the strategy needs
     a group anyway (ddp/fsdp2/zero on a single process, which then gets a launcher's variables)."""
     _export_slurm_env()
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    ranks = rank_env()
+    rank, world, local_rank = ranks.rank, ranks.world_size, ranks.local_rank
     device = pick_device(device_choice, local_rank)
     if device.type == "cpu" and world > 1:
         share_cpu_threads()
@@ -121,8 +155,8 @@ def teardown(clean: bool = True) -> None:
 def place(env: DistEnv) -> Dict[str, object]:
     """Where this rank runs: its host, the node's index in the job (Slurm's SLURM_NODEID, torchrun's
     GROUP_RANK) and its rank on that node."""
-    node = os.environ.get("SLURM_NODEID") or os.environ.get("GROUP_RANK") or "0"
-    return {"rank": env.rank, "host": socket.gethostname(), "node_rank": int(node), "local_rank": env.local_rank}
+    return {"rank": env.rank, "host": socket.gethostname(), "node_rank": rank_env().node_rank,
+            "local_rank": env.local_rank}
 
 
 def layout(places: List[Dict[str, object]]) -> Dict[str, object]:

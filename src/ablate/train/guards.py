@@ -16,8 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ablate import nvml
+from ablate import nvml, parallel
 from ablate.config import AblateConfig, ConfigError
+from ablate.model import param_numels
+from ablate.units import fmt
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
 _LOCKS = {}   # run dir -> open lock file, held until the run ends (release) or the process exits
@@ -127,10 +129,6 @@ def gpu_bytes() -> Optional[float]:
 def check_memory(cfg: AblateConfig, device_type: str) -> None:
     if cfg.train.skip_memory_check:
         return
-    from ablate import parallel
-    from ablate.model import param_numels
-    from ablate.units import fmt
-
     state = parallel.plan_bytes(param_numels(cfg), cfg).total
     per_rank = state + activation_bytes(cfg)
     if device_type == "cuda":

@@ -152,7 +152,7 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
     if explicit:
         return explicit
     own = run_dir / checkpoint.DIRNAME
-    return own if (own / "meta.pt").exists() and "SLURM_JOB_ID" in os.environ else None
+    return own if (own / "meta.pt").exists() and distributed.rank_env().slurm_job else None
 
 
 def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, world: int) -> Dict[str, object]:
