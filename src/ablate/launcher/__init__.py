@@ -3,7 +3,7 @@
 launcher=local with nproc_per_node > 1 starts the ranks itself through torch's elastic launcher API
 (what torchrun uses): each rank gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR, and when one rank fails
 the agent stops the others at once and the failing rank's error is shown. The same entrypoint also
-runs under an external `torchrun` or `srun` (distributed.py reads their variables).
+runs under an external `torchrun` or `srun` (train/distributed.py reads their variables).
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def check(cfg: AblateConfig) -> None:
 def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str]) -> Optional[Dict]:
     """Write the run's config, apply the allocator/NCCL environment (in the submitting process too: the
     sbatch script exports it), then start the ranks where `launcher=` says. A directory that already holds
-    a run, or that another live run writes into, is refused (guards.py)."""
+    a run, or that another live run writes into, is refused (train/guards.py)."""
     owner = rank_env().rank == 0     # several tasks of one job (srun, torchrun) share the directory: rank 0 owns it
     if owner:
         guards.check_fresh(run_dir, cfg.train.resume)

@@ -6,7 +6,7 @@
 Inside the job every task applies the allocator/NCCL environment, joins the process group from
 Slurm's variables (submitit.helpers.TorchDistributedEnvironment) and trains. `SlurmTrain` is
 checkpointable: on the warning signal the loop checkpoints at a step boundary and submitit requeues;
-the requeued job resumes from <run dir>/checkpoint.pt (train.py).
+the requeued job resumes from <run dir>/checkpoint (train/checkpoint.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ first job's allocator, CUDA cache and environment into the next. Here each job i
 <its overrides> hydra.mode=RUN hydra.run.dir=<its sweep subdir>`, so every arm starts clean. The parent
 validated the whole grid first; the first failing job stops the sweep with its own one-line error.
 With launcher=slurm each job only prepares its run dir and what it would submit; the sweep then goes to
-Slurm as one job array (ablate/slurm_array.py).
+Slurm as one job array (ablate/launcher/array.py).
 (No `from __future__ import annotations` here: Hydra loads plugins without registering the module, and
 dataclasses with string annotations look the module up.)
 """
