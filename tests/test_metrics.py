@@ -148,8 +148,10 @@ def test_more_local_ranks_than_gpus_is_refused_in_one_line():
 def test_the_deepspeed_config_for_optimizer_offload_keeps_a_torch_adamw():
     from ablate.config import ParallelConfig, PrecisionConfig, TrainConfig
     from ablate.parallel.zero import ds_config
+    from ablate.precision import Precision
 
-    cfg = ds_config(ParallelConfig(name="zero2", offload_optimizer=True), TrainConfig(), PrecisionConfig(), 2)
+    fp32 = Precision(PrecisionConfig())
+    cfg = ds_config(ParallelConfig(name="zero2", offload_optimizer=True), TrainConfig(), fp32, 2)
     assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert cfg["zero_force_ds_cpu_optimizer"] is False       # DeepSpeed 0.19 raises for a torch optimizer otherwise
     assert cfg["bf16"] == {"enabled": False} and cfg["fp16"] == {"enabled": False}

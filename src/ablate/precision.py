@@ -95,7 +95,8 @@ class Precision:
     """The torch side of a precision choice: autocast, fp8 conversion and a torch GradScaler.
     Owned by a strategy (parallel/), which decides whether its engine uses them."""
 
-    def __init__(self, cfg: PrecisionConfig, device: torch.device):
+    def __init__(self, cfg: PrecisionConfig, device: Optional[torch.device] = None):
+        """`device`: where it computes (None while a strategy only checks or plans)."""
         self.cfg, self.device, self.spec = cfg, device, numerics(cfg.name)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:

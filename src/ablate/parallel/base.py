@@ -95,13 +95,13 @@ class Strategy(ABC):
     overlap_needs_streams = False    # its overlap of communication relies on device streams (DeepSpeed)
 
     @classmethod
-    def check(cls, parallel, precision, has_cuda: bool) -> None:
+    def check(cls, parallel, precision: Precision, has_cuda: bool) -> None:
         """Refuse (ConfigError, one line) a combination this strategy cannot run. Default: none."""
         return
 
     @classmethod
     @abstractmethod
-    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
         """Predicted per-rank state bytes for parameters of these sizes (ablate.plan; tests compare)."""
 
     @abstractmethod

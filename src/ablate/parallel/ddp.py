@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ablate.metrics.comm import counting_allreduce_hook
 from ablate.parallel.base import Breakdown, TorchStrategy
+from ablate.precision import Precision
 
 
 class DDP(TorchStrategy):
@@ -32,6 +33,6 @@ class DDP(TorchStrategy):
         return contextlib.nullcontext()
 
     @classmethod
-    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
         n = float(sum(numels))
         return Breakdown(4 * n, 4 * n, 8 * n)     # everything replicated

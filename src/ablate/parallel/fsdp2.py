@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from ablate.config import ConfigError
 from ablate.metrics.comm import CollectiveCounter
 from ablate.parallel.base import Breakdown, TorchStrategy
-from ablate.precision import numerics
+from ablate.precision import Precision
 
 
 class FSDP2(TorchStrategy):
@@ -30,13 +30,13 @@ class FSDP2(TorchStrategy):
         self.counter = CollectiveCounter(self.comm).install()
 
     @classmethod
-    def check(cls, parallel, precision, has_cuda: bool) -> None:
-        if numerics(precision.name).loss_scaling:
-            raise ConfigError(f"parallel=fsdp2 with precision={precision.name}: torch's GradScaler does not "
+    def check(cls, parallel, precision: Precision, has_cuda: bool) -> None:
+        if precision.spec.loss_scaling:
+            raise ConfigError(f"parallel=fsdp2 with precision={precision.cfg.name}: torch's GradScaler does not "
                               "handle sharded gradients here; valid: precision=fp32, bf16")
 
     @classmethod
-    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
         n = float(sum(numels))
         return Breakdown(4 * n / world, 4 * n / world, 8 * n / world)
 

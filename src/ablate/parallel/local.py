@@ -1,5 +1,6 @@
 """parallel=none: one process, no communication."""
 from ablate.parallel.base import Breakdown, TorchStrategy
+from ablate.precision import Precision
 
 
 class Local(TorchStrategy):
@@ -11,6 +12,6 @@ class Local(TorchStrategy):
         super().__init__(model, train, precision, device)
 
     @classmethod
-    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
         n = float(sum(numels))
         return Breakdown(4 * n, 4 * n, 8 * n)     # fp32 parameters, gradients, Adam m + v

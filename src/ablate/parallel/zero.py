@@ -30,7 +30,7 @@ from ablate.parallel.base import (
     storages,
     tensor_bytes,
 )
-from ablate.precision import numerics
+from ablate.precision import Precision
 
 
 def fp16_section(precision: PrecisionConfig) -> Dict:
@@ -39,7 +39,7 @@ def fp16_section(precision: PrecisionConfig) -> Dict:
             "loss_scale_window": precision.growth_interval, "hysteresis": 1, "min_loss_scale": 1}
 
 
-def ds_config(cfg: ParallelConfig, train: TrainConfig, precision: PrecisionConfig, world_size: int) -> Dict:
+def ds_config(cfg: ParallelConfig, train: TrainConfig, precision: Precision, world_size: int) -> Dict:
     stage = choice(cfg.name).zero_stage
     zero = {"stage": stage, "overlap_comm": cfg.overlap_comm,
             "contiguous_gradients": cfg.contiguous_gradients, "reduce_bucket_size": cfg.reduce_bucket_size,
@@ -49,7 +49,7 @@ def ds_config(cfg: ParallelConfig, train: TrainConfig, precision: PrecisionConfi
                     stage3_param_persistence_threshold=cfg.stage3_param_persistence_threshold)
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    scaled = numerics(precision.name).loss_scaling
+    scaled = precision.spec.loss_scaling
     return {
         "train_micro_batch_size_per_gpu": train.batch_size,
         "gradient_accumulation_steps": train.grad_accum,
@@ -57,7 +57,7 @@ def ds_config(cfg: ParallelConfig, train: TrainConfig, precision: PrecisionConfi
         "gradient_clipping": train.max_grad_norm,
         "zero_optimization": zero,
         "bf16": {"enabled": False},          # bf16 is autocast over the float32 engine (module docstring)
-        "fp16": fp16_section(precision) if scaled else {"enabled": False},
+        "fp16": fp16_section(precision.cfg) if scaled else {"enabled": False},
         "zero_allow_untested_optimizer": True,
         # a torch AdamW with optimizer offload: DeepSpeed 0.19 refuses it unless told not to force its own
         "zero_force_ds_cpu_optimizer": False,
@@ -97,7 +97,7 @@ class Zero(Strategy):
         import deepspeed
 
         self.train, self.precision, self.device = train, precision, device
-        self.config = ds_config(parallel, train, precision.cfg, world_size)
+        self.config = ds_config(parallel, train, precision, world_size)
         self.scaled = precision.spec.loss_scaling
         optimizer = make_adamw(model.parameters(), train)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
@@ -113,8 +113,8 @@ class Zero(Strategy):
             self.numerics = precision.record(torch.float32, torch.float32, torch.float32, "none")
 
     @classmethod
-    def check(cls, parallel, precision, has_cuda: bool) -> None:
-        spec, name = numerics(precision.name), parallel.name
+    def check(cls, parallel, precision: Precision, has_cuda: bool) -> None:
+        spec, name, precision = precision.spec, parallel.name, precision.cfg
         if spec.fp8_matmuls:
             raise ConfigError(f"parallel={name} with precision=fp8: not supported; valid: fp32, bf16, fp16 "
                               "(or parallel=none, ddp, fsdp2 with fp8)")
@@ -132,9 +132,9 @@ class Zero(Strategy):
                               "a power of two (initial_scale_power)")
 
     @classmethod
-    def plan_bytes(cls, numels, parallel, precision: str, world: int) -> Breakdown:
+    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
         n = float(sum(numels))
-        w = 2 if numerics(precision).loss_scaling else 4   # fp16 working weights, else the fp32 engine
+        w = 2 if precision.spec.loss_scaling else 4   # fp16 working weights, else the fp32 engine
         master = 4 * n / world                             # DeepSpeed's fp32 partition (stages 1-2: always)
         if choice(parallel.name).zero_stage in (1, 2):
             return Breakdown(w * n, w * n / world, master + 8 * n / world)
