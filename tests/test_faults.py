@@ -141,6 +141,49 @@ def test_a_stop_signal_checkpoints_and_says_how_to_continue(tmp_path, sig, code)
     assert logged == sorted(set(logged))                          # every logged step once
 
 
+def _files(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_refused_commands_leave_a_finished_run_dir_byte_identical(tmp_path):
+    """A second run into it, a resume with another model, a resume asking for no more steps: each refused in
+    one line before Hydra or ablate writes anything (no .hydra/, config.yaml or lock file touched)."""
+    run = tmp_path / "run"
+    first = run_cli([*FAST, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={run}"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = _files(run)
+    for extra in ([], ["model=small", "train.steps=8", f"train.resume={run}"], [f"train.resume={run}"]):
+        refused = run_cli([*FAST, "train.steps=4", *extra, f"hydra.run.dir={run}"])
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        one_line(refused)
+        assert _files(run) == before, extra
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_two_rank_run_checkpoints_once_and_says_so_in_one_line(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the whole process group (the parent and both ranks), which the launcher
+    forwards to the ranks again; one request all the same: exit 130, one line, a checkpoint; the resume runs."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *FAST, "parallel=ddp", "launcher.nproc_per_node=2",
+                             "train.steps=400", "dataloader.read_latency_ms=30", f"hydra.run.dir={run_dir}"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _until_logged(run_dir, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    line = stderr.strip()
+    assert line.count("\n") == 0 and "Traceback" not in line and "abort" not in line.lower(), stderr[-2000:]
+    assert line.startswith("ablate: stopped by SIGINT: checkpoint at step") and f"train.resume={run_dir}" in line
+    step = torch.load(run_dir / "checkpoint" / "meta.pt", weights_only=True)["step"]
+    resumed = run_cli([*FAST, "parallel=ddp", "launcher.nproc_per_node=2", f"train.steps={step + 4}",
+                       f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    logged = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert logged == sorted(set(logged)) and logged[-1] == step + 4
+
+
 @pytest.mark.slow
 def test_resume_refuses_what_cannot_change_and_applies_the_rest(tmp_path):
     first = run_cli([*FAST, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}/a"])

@@ -3,12 +3,11 @@ in one module, imports going one way, and a single run's config composed once.""
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import REPO, RUN_COMMON
 
 from ablate import CONF_DIR
+from conftest import REPO, RUN_COMMON
 
 PACKAGE = REPO / "src" / "ablate"
 # what a launcher (torchrun, srun, submitit, ours) tells a rank about its place in the job

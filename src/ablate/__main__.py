@@ -15,13 +15,14 @@ from typing import Dict
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ablate import CONF_DIR, compose, launcher
 from ablate.config import AblateConfig, ConfigError, fail
-from ablate.config.store import LABELLED_BY_CHOICE, register
+from ablate.config.store import register
 from ablate.train import guards
 from ablate.train.checkpoint import RunStopped
+from ablate.train.distributed import rank_env
 
 register()
 
@@ -30,16 +31,15 @@ def start(cfg: DictConfig, checked: AblateConfig, choices: Dict[str, str]):
     """The task Hydra runs in the run dir: the record says what ran, then the ranks start where
     `launcher=` says."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    for group in LABELLED_BY_CHOICE:
-        cfg[group].name = getattr(checked, group).name
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = compose.run_record(cfg, checked)
     try:
         return launcher.launch(checked, resolved, run_dir, choices)
     except ConfigError as e:   # found only once running (e.g. a checkpoint that is not there)
         forget_run_dir(run_dir)
         fail(str(e))
     except RunStopped as e:    # stopped on purpose: a signal, or training that went non-finite
-        print(f"ablate: {e}", file=sys.stderr)
+        if rank_env().rank == 0:   # under torchrun or srun every rank stops; one says so
+            print(f"ablate: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
 
 

@@ -24,12 +24,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import run_job
 from hydra.errors import MissingConfigException
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate import CONF_DIR, launcher, logger, parallel, precision
 from ablate.config import AblateConfig, ConfigError
-from ablate.config.store import register, typed
-from ablate.train import guards
+from ablate.config.store import LABELLED_BY_CHOICE, register, typed
+from ablate.train import checkpoint, guards
 
 # `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
 REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
@@ -125,6 +125,7 @@ def check_run_dir(overrides: List[str]) -> None:
         return
     resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("train.resume=")), None)
     guards.check_fresh(Path(given[-1]), resume)
+    guards.check_unlocked(Path(given[-1]))
     guards.check_writable(Path(given[-1]))
 
 
@@ -179,6 +180,17 @@ MULTIRUN = object()   # what run_single returns when the composed config asks fo
 Task = Callable[[DictConfig, AblateConfig, Dict[str, str]], object]
 
 
+def run_record(cfg: DictConfig, checked: AblateConfig) -> Dict:
+    """What config.yaml records: the composition resolved, without Hydra's node, every label group named by
+    the choice that made it."""
+    plain = cfg.copy()
+    with open_dict(plain):
+        plain.pop("hydra", None)
+    for group in LABELLED_BY_CHOICE:
+        plain[group].name = getattr(checked, group).name
+    return OmegaConf.to_container(plain, resolve=True)
+
+
 def is_single_run(argv: List[str]) -> bool:
     """A plain `python -m ablate [overrides]` (--config-dir allowed) and no sweep override: composed here,
     once. -m, Hydra's other flags and sweep overrides (a,b) go through hydra.main."""
@@ -223,6 +235,7 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
             raise _one_line(e) from None
         if checks:
             check_hardware(checked)
+        checkpoint.check_resume(checked, run_record(cfg, checked))   # refused before Hydra writes .hydra/
         cfg.hydra.mode = RunMode.RUN
         callbacks = Callbacks(cfg)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -16,13 +17,14 @@ from typing import Dict, Optional
 
 import torch
 import yaml
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ablate.config import AblateConfig
 from ablate.launcher import array as slurm_array
 from ablate.launcher import environment, failures, slurm
-from ablate.train import guards
+from ablate.train import checkpoint, guards
 from ablate.train import loop as train
 from ablate.train.distributed import check_ranks_fit_gpus, device_type, rank_env
 
@@ -87,7 +89,23 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
 
 
 def _rank_entry(cfg, run_dir, resolved, choices, applied):
-    return record(train.run)(cfg, run_dir, resolved, choices, applied)
+    try:
+        return record(train.run)(cfg, run_dir, resolved, choices, applied)
+    except checkpoint.RunStopped as e:
+        if e.exit_code not in STOP_CODES:
+            raise      # non-finite training: the parent shows this rank's own error
+        sys.exit(e.exit_code)   # checkpointed on a signal: the parent says so once, for every rank
+
+
+STOP_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM}   # a rank that checkpointed and stopped on a signal
+
+
+def _quiet_elastic_logs() -> None:
+    """torch elastic logs each failed rank's whole traceback and each signal it forwards; ablate says the root
+    cause, or where a stopped run can continue, in one line instead (its modules set their own levels)."""
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")] + \
+            ["torch.distributed.elastic"]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
@@ -96,11 +114,17 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.5, start_method="spawn")
-    # torch elastic logs each failed rank's whole traceback; ablate prints the root cause in one line below
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    _quiet_elastic_logs()
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
+    except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
+        print(f"ablate: {checkpoint.stopped(e.sigval, run_dir)}", file=sys.stderr)
+        raise SystemExit(128 + e.sigval) from None
     except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
+            print(f"ablate: {checkpoint.stopped(max(codes) - 128, run_dir)}", file=sys.stderr)
+            raise SystemExit(max(codes)) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
             if others else ""

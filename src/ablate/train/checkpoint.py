@@ -16,12 +16,14 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from ablate import parallel
 from ablate.config import ConfigError
 from ablate.metrics.comm import paused
 from ablate.train.distributed import rank_env
@@ -132,10 +134,8 @@ def load(path: Path, strategy) -> Dict:
     raise ConfigError(f"train.resume: no readable checkpoint in {path}")
 
 
-# what a checkpoint's format cannot change on resume (parallel: the file layout of each strategy)
+# what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
 FIXED = ("model", "precision.name")
-LAYOUT = {"none": "torch", "ddp": "torch", "ddp_sync": "torch", "fsdp2": "dcp", "zero1": "deepspeed-1",
-          "zero2": "deepspeed-2", "zero3": "deepspeed-3"}
 CHANGEABLE = ("train.lr", "train.weight_decay", "train.beta1", "train.beta2", "train.max_grad_norm")
 
 
@@ -156,8 +156,9 @@ def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, sav
         return {}
     a, b = _flat(saved), _flat(now)
     fixed = [k for k in sorted(set(a) | set(b)) if k.startswith(FIXED) and a.get(k) != b.get(k)]
-    layout = (LAYOUT.get(a.get("parallel.name")), LAYOUT.get(b.get("parallel.name")))
-    if layout[0] != layout[1] or (layout[0].startswith("deepspeed") and saved_world not in (None, world)):
+    was, now_ = (parallel.REGISTRY.get(a.get("parallel.name")), parallel.REGISTRY.get(b.get("parallel.name")))
+    if was is None or now_ is None or was.checkpoint != now_.checkpoint \
+            or (was.checkpoint_per_world and saved_world not in (None, world)):
         fixed.append(f"parallel ({a.get('parallel.name')} on {saved_world} ranks -> {b.get('parallel.name')} on "
                      f"{world})")
     if fixed:
@@ -165,6 +166,14 @@ def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, sav
         raise ConfigError(f"train.resume: the checkpoint cannot continue with a different {fixed[0].split('.')[0]}: "
                           f"{what}; resume with the checkpoint's values, or start a new run")
     return {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
+
+
+def check_resume(cfg, record: Dict) -> None:
+    """What a resume cannot become, refused before anything is written (each rank checks again as it loads)."""
+    path = resolve(cfg.train.resume)
+    if path is not None:
+        meta = read_meta(path)
+        check_resumable(meta.get("config"), record, meta["step"], cfg.launcher.world_size, meta.get("world_size"))
 
 
 def read_metrics(path: Path) -> List[Dict]:
@@ -190,6 +199,21 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def stopped(signum: int, run_dir: Path) -> str:
+    """The one line a run stopped by a signal ends with: the checkpoint it left, and how to continue."""
+    name = signal.Signals(signum).name
+    meta = run_dir / DIRNAME / "meta.pt"
+    if not meta.is_file():
+        return f"stopped by {name} before a checkpoint was written; nothing to continue from in {run_dir}"
+    step = read_meta(meta.parent)["step"]
+    return f"stopped by {name}: checkpoint at step {step} in {meta.parent}; continue with train.resume={run_dir}"
+
+
+# One Ctrl-C reaches a rank of a local multi-rank run twice: from the terminal (the whole process group)
+# and from the launcher, which forwards what it got. Copies this close together are one request.
+REPEAT_WINDOW_S = 2.0
+
+
 class Preemption:
     """Stop signals become a flag the loop checks at step boundaries (`due`); all ranks agree, the loop
     checkpoints, then `hand_over`. Inside a submitit job: USR2 (the time-limit warning) and SIGTERM, then
@@ -198,6 +222,7 @@ class Preemption:
 
     def __init__(self, world_size: int):
         self.signum: Optional[int] = None
+        self.first_at = 0.0
         self.previous = {}
         self.slurm = rank_env().in_slurm
         self.world_size = world_size
@@ -209,9 +234,10 @@ class Preemption:
                 pass
 
     def _flag(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt   # a second Ctrl-C: stop now
-        self.signum = signum
+        if self.signum is None:
+            self.signum, self.first_at = signum, time.monotonic()
+        elif signum == signal.SIGINT and time.monotonic() - self.first_at > REPEAT_WINDOW_S:
+            raise KeyboardInterrupt   # a second, deliberate Ctrl-C: stop now
 
     def due(self) -> bool:
         if self.world_size == 1:

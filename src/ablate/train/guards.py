@@ -56,6 +56,21 @@ def check_writable(run_dir: Path, need_bytes: int = 1 << 20) -> None:
         raise ConfigError(f"hydra.run.dir={run_dir}: no space left on {probe}")
 
 
+def check_unlocked(run_dir: Path) -> None:
+    """Refuse, before anything is written into it, a directory a live run holds (`lock` takes it later)."""
+    try:
+        handle = open(run_dir / ".ablate.lock")
+    except OSError:
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"hydra.run.dir={run_dir}: another run is writing into it; choose another "
+                              "directory") from None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def lock(run_dir: Path) -> None:
     """One live run per directory: a second one is refused while the first holds the lock."""
     try:

@@ -197,9 +197,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             progress.close()
             distributed.teardown(clean=True)
             loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
-            raise checkpoint.RunStopped(
-                f"{stop}: checkpoint at step {stop.step} in {run_dir / checkpoint.DIRNAME}; continue with "
-                f"train.resume={run_dir}", exit_code=128 + stop.signum) from None
+            raise checkpoint.RunStopped(checkpoint.stopped(stop.signum, run_dir),
+                                        exit_code=128 + stop.signum) from None
         except BaseException:
             tracker.close(exit_code=1)
             raise
