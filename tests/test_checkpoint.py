@@ -34,3 +34,29 @@ def test_distributed_resume_matches_an_uninterrupted_run(tmp_path, parallel):
     resumed = run("second", "train.steps=6", f"train.resume={tmp_path / 'first'}")
     assert resumed["resumed_from_step"] == 4
     assert resumed["loss"] == pytest.approx(reference["loss"], abs=1e-5)
+
+
+def test_a_manifest_names_what_is_missing_cut_short_or_changed(tmp_path):
+    from ablate.train import manifest
+
+    ckpt = tmp_path / "checkpoint"
+    (ckpt / "dcp").mkdir(parents=True)
+    (ckpt / "meta.pt").write_bytes(b"meta")
+    (ckpt / "dcp" / "__0_0.distcp").write_bytes(b"rank zero")
+    (ckpt / "dcp" / "__1_0.distcp").write_bytes(b"rank one!")
+    assert manifest.problem(tmp_path / "nothing") == "nothing is incomplete (no manifest.json)"
+    assert manifest.problem(ckpt) is None                           # no manifest, but meta.pt: an older ablate
+    manifest.write(ckpt, step=6, world_size=2)
+    listing = manifest.read(ckpt)
+    assert (listing["step"], listing["world_size"], sorted(listing["files"])) == \
+        (6, 2, ["dcp/__0_0.distcp", "dcp/__1_0.distcp", "meta.pt"])
+    assert listing["files"]["meta.pt"] == {"bytes": 4, "crc32": 0xD7F21435}      # zlib.crc32(b"meta")
+    assert manifest.problem(ckpt) is None
+    (ckpt / "dcp" / "__1_0.distcp").write_bytes(b"rank one?")       # same size, other bytes
+    assert manifest.problem(ckpt) == "checkpoint/dcp/__1_0.distcp does not match its checksum"
+    assert manifest.problem(ckpt, checksums=False) is None
+    assert manifest.problem(ckpt, share=0, shares=2) is None        # rank 0 checks files 0 and 2 of 3
+    (ckpt / "dcp" / "__1_0.distcp").write_bytes(b"rank")
+    assert manifest.problem(ckpt, share=1, shares=2) == "checkpoint/dcp/__1_0.distcp has 4 bytes, 9 were written"
+    (ckpt / "dcp" / "__1_0.distcp").unlink()
+    assert manifest.problem(ckpt) == "checkpoint/dcp/__1_0.distcp is missing"

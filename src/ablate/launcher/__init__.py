@@ -24,7 +24,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from ablate.config import AblateConfig
 from ablate.launcher import array as slurm_array
 from ablate.launcher import environment, failures, slurm
-from ablate.train import checkpoint, guards
+from ablate.train import checkpoint, guards, signals
 from ablate.train import loop as train
 from ablate.train.distributed import check_ranks_fit_gpus, device_type, rank_env
 
@@ -118,12 +118,12 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
-        print(f"ablate: {checkpoint.stopped(e.sigval, run_dir)}", file=sys.stderr)
+        print(f"ablate: {signals.stopped(e.sigval, run_dir)}", file=sys.stderr)
         raise SystemExit(128 + e.sigval) from None
     except ChildFailedError as e:
         codes = {f.exitcode for f in e.failures.values()}
         if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
-            print(f"ablate: {checkpoint.stopped(max(codes) - 128, run_dir)}", file=sys.stderr)
+            print(f"ablate: {signals.stopped(max(codes) - 128, run_dir)}", file=sys.stderr)
             raise SystemExit(max(codes)) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \

@@ -1,13 +1,13 @@
-"""Atomic checkpoints, safe resume, and stop signals: a Slurm warning signal, SIGTERM or Ctrl-C becomes a
-checkpoint at the next step boundary; a requeued or resumed run continues with no lost and no repeated steps.
+"""Atomic checkpoints and safe resume: a requeued or resumed run continues with no lost and no repeated steps,
+every rank from the same checkpoint (stop signals that ask for one: signals.py).
 
 A checkpoint is a directory: the strategy's own files (one torch.save for none/ddp, torch.distributed.checkpoint
 shards for FSDP2, DeepSpeed's save_checkpoint for ZeRO; the loss scaler is the strategy's) and meta.pt with
 the step (which fixes the data position: batch i is a pure function of i), RNG states, the W&B run id, the
-config it was made with and the meter's totals (so the summary covers every attempt). It is written beside
-the old one and swapped in; the one before stays as `checkpoint.prev`, the fallback when the latest cannot
-be read. Only tensors and plain values are stored, and loaded with weights_only=True: a checkpoint never
-runs code.
+config it was made with and the meter's totals (so the summary covers every attempt), and last a manifest of
+every file (manifest.py). It is written beside the old one and swapped in; the one before stays as
+`checkpoint.prev`, the fallback when the latest is incomplete or cannot be read by every rank. Only tensors
+and plain values are stored, and loaded with weights_only=True: a checkpoint never runs code.
 """
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ablate import parallel
 from ablate.config import ConfigError
-from ablate.metrics.comm import paused
-from ablate.train.distributed import rank_env
+from ablate.metrics.comm import all_gather_object
+from ablate.train import manifest
 
 DIRNAME = "checkpoint"     # <run dir>/checkpoint/: meta.pt (rank 0) + the strategy's own files
 PREVIOUS = DIRNAME + ".prev"
+BROKEN = DIRNAME + ".broken"   # a damaged latest checkpoint, kept for a look, never resumed from
 
 
 class Preempted(Exception):
@@ -65,8 +66,9 @@ def _barrier() -> None:
 
 
 def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
-    """Write into <target>.tmp, then swap it in (the old one becomes <target>.prev): a kill at any moment
-    leaves a whole checkpoint behind."""
+    """Write into <target>.tmp, then its manifest (manifest.py), then swap it in: the old one becomes
+    <target>.prev, unless it is damaged (then <target>.broken: never rotated over an intact one). A kill at
+    any moment leaves a whole checkpoint behind."""
     tmp, prev = target.with_name(target.name + ".tmp"), target.with_name(PREVIOUS)
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -77,11 +79,13 @@ def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
         torch.save({"step": step, "rng": torch.get_rng_state(),
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, **meta},
                    tmp / "meta.pt")
-    _barrier()
+    _barrier()                        # every rank's files are written: the manifest can list them
     if is_main:
+        manifest.write(tmp, step, meta.get("world_size") or 1)
         if target.exists():
-            shutil.rmtree(prev, ignore_errors=True)
-            os.replace(target, prev)
+            keep = prev if manifest.problem(target, checksums=False) is None else target.with_name(BROKEN)
+            shutil.rmtree(keep, ignore_errors=True)
+            os.replace(target, keep)
         os.replace(tmp, target)
     _barrier()
 
@@ -109,29 +113,52 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}{where}"
 
 
-def load(path: Path, strategy) -> Dict:
-    """Restore `path`; when it cannot be read, the previous checkpoint beside it (said in one line)."""
+def _agreed(problem: Optional[str], env) -> List[str]:
+    """Every rank's problem with a candidate, known to every rank ("rank 1: ...")."""
+    said = all_gather_object(problem, env)
+    return [f"rank {r}: {p}" if len(said) > 1 else p for r, p in enumerate(said) if p]
+
+
+def load(path: Path, strategy, env) -> Dict:
+    """Restore the newest of `path` and the previous checkpoint beside it that every rank finds complete and
+    can read; the ranks agree before and after loading, so all of them continue from the same step. The
+    checkpoint used is meta["path"]; a fallback is said once, with every rank's reason."""
     candidates: List[Path] = [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
-    for i, candidate in enumerate(candidates):
+    refused = []
+    for candidate in candidates:
         if not (candidate / "meta.pt").is_file():
             continue
-        try:
-            meta = read_meta(candidate)
-            strategy.load_checkpoint(candidate)
-        except ConfigError:
-            raise
-        except Exception as e:
-            if i + 1 < len(candidates) and (candidates[i + 1] / "meta.pt").is_file():
-                if not dist.is_initialized() or dist.get_rank() == 0:
-                    print(f"ablate: warning: checkpoint {candidate} cannot be read ({describe(e)}); resuming "
-                          f"from {candidates[i + 1]}", file=sys.stderr)
-                continue
-            raise ConfigError(f"train.resume: checkpoint {candidate} cannot be read ({describe(e)})") from None
+        problems = _agreed(manifest.problem(candidate, env.rank, env.world_size), env)
+        if not problems:
+            try:
+                meta = read_meta(candidate)
+                strategy.load_checkpoint(candidate)
+                failed = None
+            except ConfigError:
+                raise
+            except (Exception, CheckpointException) as e:    # DCP's CheckpointException is a BaseException
+                failed = f"cannot be read ({describe(e)})"
+            problems = _agreed(failed, env)
+        if problems:
+            refused.append(f"{candidate.name}: {'; '.join(problems)}")
+            continue
+        if refused and env.is_main:
+            print(f"ablate: warning: resuming from {candidate}, the newest checkpoint every rank can read "
+                  f"({'; '.join(refused)})", file=sys.stderr)
         torch.set_rng_state(meta["rng"])
         if meta.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(meta["cuda_rng"])
-        return meta
-    raise ConfigError(f"train.resume: no readable checkpoint in {path}")
+        return {**meta, "path": candidate}
+    raise ConfigError(f"train.resume: no checkpoint every rank can read in {path.parent} ({'; '.join(refused)})")
+
+
+def check_complete(path: Path) -> None:
+    """Before any rank starts: a resume needs a checkpoint whose files are all there (sizes; the ranks
+    check the contents themselves), else one line naming what is missing."""
+    candidates = [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
+    problems = [manifest.problem(c, checksums=False) for c in candidates if (c / "meta.pt").is_file()]
+    if problems and all(problems):
+        raise ConfigError(f"train.resume: no complete checkpoint in {path.parent} ({'; '.join(problems)})")
 
 
 # what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
@@ -172,6 +199,7 @@ def check_resume(cfg, record: Dict) -> None:
     """What a resume cannot become, refused before anything is written (each rank checks again as it loads)."""
     path = resolve(cfg.train.resume)
     if path is not None:
+        check_complete(path)
         meta = read_meta(path)
         check_resumable(meta.get("config"), record, meta["step"], cfg.launcher.world_size, meta.get("world_size"))
 
@@ -197,79 +225,3 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
     os.replace(tmp, path)
-
-
-def stopped(signum: int, run_dir: Path) -> str:
-    """The one line a run stopped by a signal ends with: the checkpoint it left, and how to continue."""
-    name = signal.Signals(signum).name
-    meta = run_dir / DIRNAME / "meta.pt"
-    if not meta.is_file():
-        return f"stopped by {name} before a checkpoint was written; nothing to continue from in {run_dir}"
-    step = read_meta(meta.parent)["step"]
-    return f"stopped by {name}: checkpoint at step {step} in {meta.parent}; continue with train.resume={run_dir}"
-
-
-# One Ctrl-C reaches a rank of a local multi-rank run twice: from the terminal (the whole process group)
-# and from the launcher, which forwards what it got. Copies this close together are one request.
-REPEAT_WINDOW_S = 2.0
-
-
-class Preemption:
-    """Stop signals become a flag the loop checks at step boundaries (`due`); all ranks agree, the loop
-    checkpoints, then `hand_over`. Inside a submitit job: USR2 (the time-limit warning) and SIGTERM, then
-    submitit requeues. Anywhere else: SIGTERM and SIGINT (Ctrl-C), then the run ends with one line that
-    says how to continue it."""
-
-    def __init__(self, world_size: int):
-        self.signum: Optional[int] = None
-        self.first_at = 0.0
-        self.previous = {}
-        self.slurm = rank_env().in_slurm
-        self.world_size = world_size
-        signals = (signal.SIGUSR2, signal.SIGTERM) if self.slurm else (signal.SIGTERM, signal.SIGINT)
-        for sig in signals:
-            try:
-                self.previous[sig] = signal.signal(sig, self._flag)
-            except ValueError:   # not the main thread (e.g. an embedding caller): no signal handling
-                pass
-
-    def _flag(self, signum, frame) -> None:
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif signum == signal.SIGINT and time.monotonic() - self.first_at > REPEAT_WINDOW_S:
-            raise KeyboardInterrupt   # a second, deliberate Ctrl-C: stop now
-
-    def due(self) -> bool:
-        if self.world_size == 1:
-            return self.signum is not None
-        flag = torch.tensor([self.signum or 0], dtype=torch.int64)
-        with paused():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_control_group())
-        if flag.item() and self.signum is None:
-            self.signum = int(flag.item())
-        return bool(flag.item())
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def hand_over(self, is_main: bool) -> None:
-        """After the checkpoint: under Slurm rank 0 lets submitit requeue (USR2) or Slurm requeue (SIGTERM)
-        and the process leaves without a result; elsewhere the caller ends the run with one line."""
-        if not self.slurm:
-            return
-        handler = self.previous.get(self.signum)
-        if self.signum == signal.SIGUSR2 and is_main and callable(handler):
-            handler(self.signum, None)     # submitit: checkpoint() + scontrol requeue + exit
-        os._exit(0)   # leave without a result file: the job is not over, it is requeued
-
-
-_CONTROL = None
-
-
-def _control_group():
-    """A gloo group for control flags, so that checking one never syncs a GPU stream."""
-    global _CONTROL
-    if _CONTROL is None:
-        _CONTROL = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
-    return _CONTROL

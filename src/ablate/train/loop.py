@@ -21,7 +21,7 @@ from ablate.metrics import comm
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
-from ablate.train import checkpoint, distributed, provenance
+from ablate.train import checkpoint, distributed, provenance, signals
 
 
 def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
@@ -54,7 +54,7 @@ class Loop:
         self.resolved = resolved
         self.profiler = StepProfiler(cfg.metrics.profile_steps, env.device, run_dir, env.rank, env.is_main)
         self._profile_logged = False
-        self.preemption = checkpoint.Preemption(env.world_size)
+        self.preemption = signals.Preemption(env.world_size)
         self.saved_step: Optional[int] = None
 
     def micro_steps(self) -> None:
@@ -155,17 +155,18 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
     return own if (own / "meta.pt").exists() and distributed.rank_env().slurm_job else None
 
 
-def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, world: int) -> Dict[str, object]:
+def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> Dict[str, object]:
     """{step, wandb_id, totals, changed} from the checkpoint to continue, or a fresh start."""
     path = resume_point(cfg, run_dir)
     if path is None:
         return {"step": 0, "wandb_id": None, "totals": None, "changed": {}}
     meta = checkpoint.read_meta(path)
-    changed = checkpoint.check_resumable(meta.get("config"), resolved, meta["step"], world, meta.get("world_size"))
-    meta = checkpoint.load(path, strategy)
+    changed = checkpoint.check_resumable(meta.get("config"), resolved, meta["step"], env.world_size,
+                                         meta.get("world_size"))
+    meta = checkpoint.load(path, strategy, env)
     strategy.apply_hyperparameters(cfg.train)     # lr & co as this run asks, not as the checkpoint had them
     return {"step": meta["step"], "wandb_id": meta.get("wandb_id"), "totals": meta.get("totals"),
-            "changed": changed, "from": str(path)}
+            "changed": changed, "from": str(meta["path"])}
 
 
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
@@ -178,7 +179,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         check_runnable(cfg, env.device)
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
             params, strategy = build(cfg, env)
-        resumed = resume(cfg, run_dir, resolved, strategy, env.world_size)
+        resumed = resume(cfg, run_dir, resolved, strategy, env)
         start_step = resumed["step"]
         if env.is_main:
             checkpoint.truncate_metrics(run_dir, start_step)
@@ -197,7 +198,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             progress.close()
             distributed.teardown(clean=True)
             loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
-            raise checkpoint.RunStopped(checkpoint.stopped(stop.signum, run_dir),
+            raise checkpoint.RunStopped(signals.stopped(stop.signum, run_dir),
                                         exit_code=128 + stop.signum) from None
         except BaseException:
             tracker.close(exit_code=1)
