@@ -74,6 +74,26 @@ def test_read_only_and_full_run_dirs_are_one_line(tmp_path):
             subprocess.run(["umount", str(path)], capture_output=True)
 
 
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_checkpoint_keeps_the_previous_one(tmp_path):
+    """A 4 MB filesystem holds two 1.6 MB checkpoints of the tiny model but not a third beside them: one line
+    naming the filesystem and its free space, the partial checkpoint removed, the previous one intact."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "size=4m"):
+        pytest.skip("needs root and a tmpfs mount to make a filesystem fill up")
+    try:
+        result = run_cli([*FAST, "train.steps=40", "train.checkpoint_every=2", f"hydra.run.dir={disk}/run"])
+        assert result.returncode == 1, result.stderr[-2000:]
+        last = result.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert last.startswith("ablate: step ") and f"no space left on {disk}/run (" in last and " free)" in last
+        assert "is intact" in last
+        assert not (disk / "run" / "checkpoint.tmp").exists()
+        assert manifest.problem(disk / "run" / "checkpoint") is None
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
 def test_a_torn_metrics_line_is_dropped_on_resume(tmp_path):
     rows = [{"step": 2, "loss": 3.0}, {"step": 4, "loss": 2.0}, {"step": 6, "loss": 1.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 8, "lo')

@@ -11,6 +11,7 @@ and plain values are stored, and loaded with weights_only=True: a checkpoint nev
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ablate import parallel
+from ablate import parallel, units
 from ablate.config import ConfigError
 from ablate.metrics.comm import all_gather_object
 from ablate.train import manifest
@@ -68,8 +69,29 @@ def _barrier() -> None:
 def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
     """Write into <target>.tmp, then its manifest (manifest.py), then swap it in: the old one becomes
     <target>.prev, unless it is damaged (then <target>.broken: never rotated over an intact one). A kill at
-    any moment leaves a whole checkpoint behind."""
+    any moment leaves a whole checkpoint behind; a full disk leaves the previous one and says so."""
     tmp, prev = target.with_name(target.name + ".tmp"), target.with_name(PREVIOUS)
+    try:
+        _write(tmp, strategy, step, meta, is_main)
+    except Exception as e:
+        free = shutil.disk_usage(target.parent).free
+        shutil.rmtree(tmp, ignore_errors=True)     # any rank may: the partial checkpoint is abandoned
+        if not _out_of_space(e, free):
+            raise
+        kept = f"{target} (step {read_meta(target)['step']}) is intact; make room, then continue with " \
+            f"train.resume={target.parent}" if (target / "meta.pt").is_file() else "there is no earlier checkpoint"
+        raise RunStopped(f"step {step}: the checkpoint could not be written: no space left on {target.parent} "
+                         f"({units.fmt('free_bytes', free)} free); the partial one was removed and {kept}") from None
+    if is_main:
+        if target.exists():
+            keep = prev if manifest.problem(target, checksums=False) is None else target.with_name(BROKEN)
+            shutil.rmtree(keep, ignore_errors=True)
+            os.replace(target, keep)
+        os.replace(tmp, target)
+    _barrier()
+
+
+def _write(tmp: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -82,12 +104,17 @@ def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
     _barrier()                        # every rank's files are written: the manifest can list them
     if is_main:
         manifest.write(tmp, step, meta.get("world_size") or 1)
-        if target.exists():
-            keep = prev if manifest.problem(target, checksums=False) is None else target.with_name(BROKEN)
-            shutil.rmtree(keep, ignore_errors=True)
-            os.replace(target, keep)
-        os.replace(tmp, target)
-    _barrier()
+
+
+def _out_of_space(e: BaseException, free: int) -> bool:
+    """ENOSPC itself, or a failed write on a filesystem left (nearly) full: torch's serializer reports that
+    in its own words ("iostream error", "unexpected pos"), without the errno."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    return "No space left" in str(e) or free < SPACE_MARGIN
+
+
+SPACE_MARGIN = 64 << 20   # below this, a failed write on the checkpoint's filesystem is taken as a full disk
 
 
 def read_meta(path: Path) -> Dict:
