@@ -1,14 +1,16 @@
 """Against a real Slurm on localhost (munge + slurmctld + slurmd + slurmdbd), started by the project's
 own slurm/start_local.sh when it is not already up (.ci/run starts and stops it around the tests)."""
 import json
+import os
 import subprocess
+import sys
 import time
 
 import pytest
 
 import slurm_cluster
-from conftest import read_jsonl, run_cli
-from slurm_cluster import submit_and_wait_for_metrics, wait_releasing_requeue_holds
+from conftest import REPO, read_jsonl, run_cli
+from slurm_cluster import job_id, submit_and_wait_for_metrics, wait_releasing_requeue_holds
 
 pytestmark = pytest.mark.slow
 LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
@@ -98,6 +100,26 @@ def test_sigterm_to_every_process_of_a_job_with_wandb_on_loses_nothing(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["step"] for r in read_jsonl(metrics)] == list(range(5, steps + 1, 5))
     assert 0 < summary["resumed_from_step"] < steps
+
+
+def test_scancel_term_ends_the_waiting_command_in_one_line_naming_the_checkpoint(tmp_path):
+    """`scancel --signal=TERM` on a job the command waits for: the ranks checkpoint and leave (Slurm does not
+    requeue a TERM), and the waiting command says so (exit 143) instead of calling it a failure."""
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *LOCAL_JOB, "launcher.wait=true", "train.steps=200",
+                             "train.log_every=5",
+                             "dataloader.read_latency_ms=80", f"hydra.run.dir={tmp_path}"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "WANDB_MODE": "offline"})
+    job, deadline = job_id(tmp_path), time.monotonic() + 180
+    while not ((tmp_path / "metrics.jsonl").exists() and read_jsonl(tmp_path / "metrics.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the job never logged"
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=TERM", job], check=True)
+    _, stderr = proc.communicate(timeout=180)
+    last = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 143, stderr[-3000:]
+    assert f"Slurm job {job} stopped" in last and "without an error; checkpoint at step" in last, last
+    assert f"train.resume={tmp_path}" in last and "failed" not in last
 
 
 def test_bad_slurm_input_is_refused_before_submitting(tmp_path):

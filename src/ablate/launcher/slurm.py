@@ -180,10 +180,19 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     except Exception:   # submitit re-raises a task's own error with its traceback text
         rank, host, message = root_cause(job)
         state = _final_state(job)
+        hint = _checkpoint_hint(getattr(job, "run_dir", None))
+        stopped = (state or "").startswith(("COMPLETED", "CANCELLED", "PREEMPTED"))
+        if message in (NO_ERROR, NO_REPORT) and hint and stopped:
+            print(f"ablate: Slurm job {job.job_id} stopped{f' ({state})' if state else ''} without an error{hint}",
+                  file=sys.stderr)
+            raise SystemExit(143) from None
         print(f"ablate: Slurm job {job.job_id} failed{f' ({state})' if state else ''}: rank {rank} on {host}: "
               f"{message}{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
         raise SystemExit(1) from None
     return results[0]
+
+
+NO_ERROR, NO_REPORT = "no task reported an error", "stopped before reporting an error"
 
 
 def root_cause(job):
@@ -200,9 +209,9 @@ def root_cause(job):
             message = _error_line(trace) or type(error).__name__
             failures.append((is_consequence(message), rank, _task_host(task), message))
         else:   # killed before it could report (srun stops a step's other tasks when one fails)
-            failures.append((True, rank, _task_host(task), "stopped before reporting an error"))
+            failures.append((True, rank, _task_host(task), NO_REPORT))
     if not failures:
-        return 0, "?", "no task reported an error"
+        return 0, "?", NO_ERROR
     _, rank, host, message = min(failures)
     return rank, host, message
 
