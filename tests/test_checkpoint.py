@@ -60,3 +60,14 @@ def test_a_manifest_names_what_is_missing_cut_short_or_changed(tmp_path):
     assert manifest.problem(ckpt, share=1, shares=2) == "checkpoint/dcp/__1_0.distcp has 4 bytes, 9 were written"
     (ckpt / "dcp" / "__1_0.distcp").unlink()
     assert manifest.problem(ckpt) == "checkpoint/dcp/__1_0.distcp is missing"
+
+
+def test_a_resume_on_more_ranks_lists_the_global_batch_it_changes():
+    from ablate.train.checkpoint import check_resumable
+
+    saved = {"train": {"steps": 10, "batch_size": 8, "grad_accum": 2, "lr": 0.003}, "parallel": {"name": "ddp"}}
+    now = {"train": {"steps": 20, "batch_size": 8, "grad_accum": 2, "lr": 0.003}, "parallel": {"name": "ddp"}}
+    assert check_resumable(saved, now, step=10, world=2, saved_world=1) == {"global_batch": [16, 32]}  # 8 x 2 x ranks
+    assert check_resumable(saved, now, step=10, world=2, saved_world=2) == {}
+    fixed = {**now, "train": {**now["train"], "global_batch_size": 64}}
+    assert check_resumable(saved, fixed, step=10, world=2, saved_world=1) == {"global_batch": [16, 64]}

@@ -161,11 +161,13 @@ def forget_run_dir(run_dir: Path, resume) -> str:
 def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     """Show the job's state while it waits, then stream its stderr (the progress lines) here until it
     ends; a failure ends this process. A pending reason that cannot clear ends the wait (cluster.py)."""
-    shown, started, polls = 0, time.monotonic(), 0
+    shown, started, polls, left_queue = 0, time.monotonic(), 0, False
     watch = cluster.QueueWatch(job.job_id, sys.stderr, sys.stderr.isatty())
-    while not job.done():
+    # submitit asks Slurm about a job at most once a minute; once squeue no longer lists it, ask now
+    while not job.done(force_check=left_queue):
         shown = _show_new(job.paths.stderr, shown)
         state = cluster.queue_state(job.job_id) if polls % 2 == 0 else None   # squeue every 2 s, not every 1 s
+        left_queue = polls % 2 == 0 and state is None and time.monotonic() - started > 2
         polls += 1
         if state:
             watch.update(state, time.monotonic() - started)

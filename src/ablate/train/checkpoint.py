@@ -219,7 +219,20 @@ def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, sav
         what = ", ".join(f"{k}={a.get(k)} -> {b.get(k)}" if "=" not in k and "(" not in k else k for k in fixed[:4])
         raise ConfigError(f"train.resume: the checkpoint cannot continue with a different {fixed[0].split('.')[0]}: "
                           f"{what}; resume with the checkpoint's values, or start a new run")
-    return {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
+    changed = {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
+    batch = [_global_batch(a, saved_world or world), _global_batch(b, world)]
+    if batch[0] != batch[1]:   # more ranks (or another batch size): the same step now sees more sequences
+        changed["global_batch"] = batch
+    return changed
+
+
+def _global_batch(flat: Dict[str, object], world: int) -> int:
+    """Sequences per optimizer step, from a flattened config (global_batch_size, when it set the per-rank
+    batch) and its world size."""
+    given = flat.get("train.global_batch_size")
+    if given:
+        return int(given)
+    return int(flat.get("train.batch_size") or 0) * int(flat.get("train.grad_accum") or 1) * world
 
 
 def check_resume(cfg, record: Dict) -> None:
