@@ -234,3 +234,14 @@ def test_c6_expects_only_what_the_loader_can_deliver(tmp_path):
     assert "keeps up" in fast.reason
     slow = c6(24)
     assert slow.expected_here == pytest.approx(0.010 / 0.012) and "cannot keep up" in slow.reason
+
+
+def test_a_report_on_runs_that_did_not_finish_says_so(tmp_path, capsys):
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "config.yaml").write_text("train:\n  steps: 400\n")
+    (killed / "metrics.jsonl").write_text('{"step": 2, "loss": 5.0}\n')
+    assert report.main([str(tmp_path)]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("ablate.report: error: nothing to compare: 1 run(s) did not finish (no summary.json): ")
+    assert str(killed) in said and "train.resume=" in said and "\n" not in said

@@ -245,6 +245,11 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.report: error: not a directory: {missing[0]}", file=sys.stderr)
         return 2
     report = build(args.dirs, args.mixed_hardware)
+    if not report["checks"] and not report["runs"] and report["unfinished"]:
+        shown = ", ".join(map(str, report["unfinished"][:3])) + (" ..." if len(report["unfinished"]) > 3 else "")
+        print(f"ablate.report: error: nothing to compare: {len(report['unfinished'])} run(s) did not finish (no "
+              f"summary.json): {shown}; continue one with python -m ablate train.resume=<its dir>", file=sys.stderr)
+        return 2
     if not report["checks"]:
         print(f"ablate.report: error: nothing to compare under {', '.join(map(str, args.dirs))}: no runs of a "
               "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
