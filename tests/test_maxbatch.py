@@ -79,3 +79,38 @@ def test_on_cuda_the_allocator_decides_not_ablates_estimate(tmp_path):
 
     assert "train.skip_memory_check=true" in Trials([], tmp_path, None, 4, cuda=True).command(64, tmp_path)
     assert "train.skip_memory_check=true" not in Trials([], tmp_path, None, 4, cuda=False).command(64, tmp_path)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_search_and_its_trial_and_keeps_what_it_found(tmp_path):
+    """SIGTERM mid-search: the running trial's whole process group is stopped, the finished trials are
+    recorded (summary.json with `stopped`, the largest batch that fitted), one line, exit 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "search"
+    proc = subprocess.Popen([sys.executable, "-m", "ablate.maxbatch", "--mem-budget-gb", "100", "--steps", "3", "--",
+                             *WORKLOAD, "logger=none", f"hydra.run.dir={run_dir}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "trial 1:" not in seen:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()[-3000:]
+        seen += line
+    deadline = time.monotonic() + 60
+    while not (run_dir / "max_batch_trials" / "batch_00002" / "config.yaml").exists():   # trial 2 is running
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("ablate.maxbatch: stopped by SIGTERM after 1 trials")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "SIGTERM" and summary["max_batch"] is None
+    assert summary["largest_fit_so_far"] == 1 and [t["batch_size"] for t in summary["trials"]] == [1]
+    left = subprocess.run(["pgrep", "-f", str(run_dir / "max_batch_trials")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"a trial still runs: {left.stdout}"

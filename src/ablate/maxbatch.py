@@ -16,12 +16,15 @@ and to W&B like any run (`logger=`).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 from ablate import units
 from ablate.config import ConfigError
@@ -31,6 +34,28 @@ SET_PER_TRIAL = ("train.batch_size", "train.global_batch_size", "train.steps", "
 OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "needs about")   # CUDA OOM; ablate's memory preflight
 CPU_NOTE = ("a CPU budget is the process's peak RSS (runtime + model state + activations), not the CUDA "
             "caching allocator: fragmentation and expandable segments do not apply")
+
+
+class Stopped(Exception):
+    """SIGTERM or Ctrl-C during the search: the trial running is stopped, what was found is kept."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stoppable() -> Iterator[None]:
+    """SIGTERM and SIGINT raise Stopped in the search (the trial's own process group is then killed)."""
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def search(fits: Callable[[int], bool], start: int, limit: int, multiple: int) -> Optional[int]:
@@ -78,7 +103,7 @@ class Trials:
         trial_dir = self.run_dir / "max_batch_trials" / f"batch_{batch:05d}"
         command = self.command(batch, trial_dir)
         started = time.monotonic()
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = self._run(command)
         row = {"trial": len(self.log) + 1, "batch_size": batch, "seconds": round(time.monotonic() - started, 2),
                **self._judge(done, trial_dir)}
         self.log.append(row)
@@ -86,6 +111,19 @@ class Trials:
         print(f"trial {row['trial']}: batch {batch}: {'fits' if row['fits'] else 'does not fit'} "
               f"({row['why']}{peak}, {row['seconds']:.1f} s)", flush=True)
         return bool(row["fits"])
+
+    @staticmethod
+    def _run(command: List[str]) -> subprocess.CompletedProcess:
+        """One trial in its own process group, so that a stopped search stops all of it (ranks, workers)."""
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
     def _judge(self, done: subprocess.CompletedProcess, trial_dir: Path) -> Dict[str, object]:
         if done.returncode != 0:
@@ -182,14 +220,27 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
     print(f"largest batch: doubling from {args.start}, then bisecting in steps of {args.multiple_of} (at most "
           f"{args.limit}); fits = {rule}; run dir {run_dir}", flush=True)
     trials = Trials(args.overrides, run_dir, limit, args.steps, cuda)
-    found = search(trials, args.start, args.limit, args.multiple_of)
+    stopped = None
+    try:
+        with stoppable():
+            found = search(trials, args.start, args.limit, args.multiple_of)
+    except Stopped as e:   # what the finished trials say is kept: the largest that fitted is a lower bound
+        stopped, found = e, None
     summary = {"max_batch": found, "limit_reached": found is not None and found * 2 > args.limit,
                "budget_bytes": limit, "fit_rule": rule, "device": "cuda" if cuda else "cpu",
                "figure": trials.figure, "trials": trials.log, "choices": choices, "overrides": args.overrides,
                "search": {"start": args.start, "limit": args.limit, "multiple_of": args.multiple_of,
                           "steps": args.steps},
                "notes": {} if cuda else {"max_batch": CPU_NOTE}}
+    if stopped is not None:
+        fitted = [row["batch_size"] for row in trials.log if row["fits"]]
+        summary.update(stopped=str(stopped), largest_fit_so_far=max(fitted, default=None))
+        summary["notes"]["max_batch"] = f"not found: stopped by {stopped} after {len(trials.log)} trials"
     _write(summary, cfg, resolved, choices, run_dir)
+    if stopped is not None:
+        print(f"ablate.maxbatch: stopped by {stopped} after {len(trials.log)} trials (largest that fitted: "
+              f"{summary['largest_fit_so_far']}); partial record in {run_dir / 'summary.json'}", file=sys.stderr)
+        raise SystemExit(128 + stopped.signum)
     return summary
 
 
@@ -205,6 +256,8 @@ def _write(summary: Dict[str, object], cfg, resolved: Dict, choices: Dict[str, s
         tracker.log({k: v for k, v in row.items() if k != "why"})
     tracker.finish(summary)
     found = summary["max_batch"]
+    if "stopped" in summary:
+        return
     print(f"max_batch: {found if found is not None else 'none (even the first batch does not fit)'}"
           f"{' (the --limit; more may fit)' if summary['limit_reached'] else ''} after {len(summary['trials'])} "
           f"trials; {run_dir / 'summary.json'}" + (f"\nnote: {CPU_NOTE}" if summary["device"] == "cpu" else ""))
