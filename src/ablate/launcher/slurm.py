@@ -107,8 +107,8 @@ class SlurmTrain(Checkpointable):
 
 
 def prepare(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    """(what each task runs, the executor's parameters) for this run, after the cluster check."""
-    check(cfg.launcher)
+    """(what each task runs, the executor's parameters) for this run. The request was checked against the
+    cluster once, before anything started (compose.check_hardware -> launcher.check -> `check`)."""
     params = executor_parameters(cfg, f"ablate-{run_dir.name}", applied)
     return SlurmTrain(cfg, resolved, run_dir.resolve(), choices), params
 
