@@ -52,7 +52,7 @@ pack() {   # everything under WORK as one archive in OUT (atomically), the repor
 [ "$INSTALL_ONLY" = 0 ] && trap pack EXIT
 
 # ---------------------------------------------------------------- 1. install: wheels, never the network
-if ! "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
+if ! "$PY" -c "import hydra, omegaconf, submitit" 2>/dev/null; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || die "Hydra is missing and $WHEELS has no wheels: run bash bench/fetch_wheels.sh where pip works, and carry $WHEELS"
   say "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE (--no-index)"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
@@ -60,7 +60,7 @@ if ! "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"   # ablate itself, and its Hydra launcher plugin
-"$PY" -c "import hydra, omegaconf, yaml, rich, numpy, ablate.train.loop, ablate.sweeps, ablate.report, ablate.maxbatch" \
+"$PY" -c "import hydra, omegaconf, yaml, rich, numpy, ablate.__main__, ablate.sweeps, ablate.report, ablate.maxbatch" \
   || die "import failed with $PY (PYTHONPATH=$PYTHONPATH): see above"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 say "imports ok: $("$PY" -c 'import hydra, omegaconf; print("hydra", hydra.__version__, "omegaconf", omegaconf.__version__)')"
