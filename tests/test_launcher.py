@@ -159,3 +159,21 @@ def test_waiting_shows_state_changes_once_in_a_log_and_on_one_line_in_a_terminal
     assert text.count("\r") == 2 and "waiting 3 s" in text and text.endswith("\n[slurm] job 7: RUNNING\n")
     assert unrunnable("ReqNodeNotAvail, UnavailableNodes:node2") and unrunnable("PartitionConfig")
     assert unrunnable("Resources") is None and unrunnable("Priority") is None and unrunnable("BeginTime") is None
+
+
+def test_a_rank_that_only_lost_its_peer_is_never_named_the_root_cause():
+    """Rank 0's gloo error ends with its captured stack; the peer-loss words are in its first line. Rank 1
+    raised its own error. Rank 1 is the root cause whatever the order, and rank 0's line is its message."""
+    from types import SimpleNamespace
+
+    from ablate.launcher.failures import own_error, root_cause_first
+
+    lost = SimpleNamespace(exitcode=1, timestamp=100, message={"message": (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection closed by peer "
+        "[127.0.0.1]:4242\nException raised from recvAsync at pair.cc:1\nframe #0: c10::Error::Error\n"
+        "  .venv/lib/python3.11/site-packages/torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py(31): "
+        "<lambda>"), "extraInfo": {"py_callstack": ""}})
+    own = SimpleNamespace(exitcode=1, timestamp=101, message={"message": "RuntimeError: injected failure on rank "
+                                                                         "1 at step 3", "extraInfo": {}})
+    assert own_error(lost).startswith("RuntimeError: [../third_party/gloo") and "Connection closed" in own_error(lost)
+    assert [rank for rank, _ in root_cause_first({0: lost, 1: own})] == [1, 0]

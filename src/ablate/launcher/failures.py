@@ -4,6 +4,8 @@ signal or ended before reporting is a consequence. Used for local ranks (torch e
 Slurm tasks (submitit's)."""
 from __future__ import annotations
 
+import re
+
 CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker crash", "SIGTERM", "Signals.")
 
 
@@ -12,17 +14,29 @@ def is_consequence(message: str) -> bool:
     return any(c in message for c in CONSEQUENCES)
 
 
-def own_error(failure) -> str:
-    """The failing rank's own exception (torch elastic's error file), with where it was raised when its
-    text alone says nothing (a bare `AssertionError:`)."""
+# lines of a C++ error's captured stack ("default_hooks.py(31): <lambda>", "frame #3: ..."), not its message
+STACK_LINE = re.compile(r"\.py\(\d+\): |^frame #\d+|^Exception raised from |^\s*File \"")
+
+
+def _message(failure):
+    """(the error file's message as text, where it was raised) of a failed rank."""
     message, where = failure.message, ""
     if isinstance(message, dict):
         stack = str((message.get("extraInfo") or {}).get("py_callstack", ""))
         frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
         where = frames[-1] if frames else ""
         message = message.get("message", message)
-    lines = [ln for ln in str(message).strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else f"exit code {failure.exitcode}"
+    return str(message), where
+
+
+def own_error(failure) -> str:
+    """The failing rank's own exception (torch elastic's error file), with where it was raised when its
+    text alone says nothing (a bare `AssertionError:`). A C++ error's message comes before its stack."""
+    message, where = _message(failure)
+    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
+    said = [ln for ln in lines if not STACK_LINE.search(ln)]
+    text = (said[0] if len(said) < len(lines) else said[-1]) if said else \
+        (lines[-1] if lines else f"exit code {failure.exitcode}")
     if text.startswith("To enable traceback"):   # no error file: the rank died outside Python's handler
         text = f"the process ended with exit code {failure.exitcode} before reporting an error"
     if text.rstrip().endswith(":") and where:
@@ -32,11 +46,11 @@ def own_error(failure) -> str:
 
 def root_cause_first(failures):
     """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
-    the consequence of a peer going away."""
+    the consequence of a peer going away (judged on the whole message, not only the line shown)."""
     def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence
         failure, message = kv[1], own_error(kv[1])
         consequence = (failure.exitcode < 0 or message.startswith("the process ended")
-                       or is_consequence(message))
+                       or is_consequence(message) or is_consequence(_message(failure)[0]))
         return consequence, failure.timestamp, kv[0]
 
     return sorted(failures.items(), key=key)
