@@ -1,7 +1,9 @@
 """The run's figures: interval accounting at log steps, and the end-of-run summary.
 
-Speed figures cover only steps after `train.warmup_steps`; the device is synchronised at log steps
-only. Every key of the summary is always present: a figure that cannot be measured here is None and
+Speed figures cover only steady steps: after `train.warmup_steps`, and not the steps the profiler traces
+(`metrics.profile_steps`); summary.json says which were left out (`excluded_steps`) and how many counted
+(`measured_steps`). The device is synchronised at log steps and at the edges of the traced window only.
+Every key of the summary is always present: a figure that cannot be measured here is None and
 `notes[key]` says why.
 """
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Meter:
         self._consecutive = torch.zeros((), dtype=torch.int64, device=device)  # bad steps in a row
         self.grad_norm = torch.zeros((), device=device)
         self.measuring = False
+        self.excluded: Dict[str, list] = {"warmup": [], "profiled": []}   # steps the figures leave out
         self.invalid: Dict[str, Dict[str, object]] = {}
         self.totals = dict(time=0.0, steps=0, tokens=0, txl=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
                            fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0)
@@ -98,6 +101,25 @@ class Meter:
             self.nvml.reset()        # utilisation of the measured steps only, not of warm-up or compile
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)   # peaks of the measured steps only
+        self.measuring = True
+
+    def exclude_from(self, step: int) -> None:
+        """A step that is not steady (traced by the profiler) starts: the interval so far is counted, then
+        nothing until `include_again`."""
+        if step in self.excluded["warmup"]:
+            return
+        self.excluded["profiled"].append(step)
+        if self.measuring:
+            synchronize(self.device)
+            self._speed(time.perf_counter() - self._t0, self.clock.take())
+            self.measuring = False
+
+    def include_again(self) -> None:
+        if self.measuring or not self.excluded["profiled"]:
+            return
+        synchronize(self.device)
+        self._mark()
+        self.clock.take()
         self.measuring = True
 
     # -- at log steps -----------------------------------------------------------------------------
@@ -193,6 +215,7 @@ class Meter:
             "comm_calls_per_step": t["comm_calls"] / t["steps"],
             "nonfinite_steps": int(self.nonfinite.item()), "scaler_skipped_steps": self.strategy.skipped_steps(),
             "loss_scale": self.strategy.loss_scale(), "measured_steps": t["steps"],
+            "excluded_steps": {k: list(v) for k, v in self.excluded.items()},
             "measured_tokens": t["tokens"], "seq_len": seq,
         })
         out.update(self._memory_summary())

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -25,10 +25,11 @@ class StepProfiler:
     def __init__(self, spec, device: torch.device, run_dir: Path, rank: int, is_main: bool):
         self.result: Optional[Dict] = None
         self.path = run_dir / "traces" / f"rank{rank}.json.gz"
-        self.is_main, self.prof = is_main, None
+        self.is_main, self.prof, self.window = is_main, None, None
         if not spec:
             return
         start, count = int(spec[0]), int(spec[1])
+        self.window = (start, count)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -40,6 +41,13 @@ class StepProfiler:
         self.run_dir = run_dir
         with library_output_to_log(run_dir):      # Kineto's USDT lines go to the run's log
             self.prof.start()
+
+    def traced_steps(self, first_step: int) -> List[int]:
+        """The training steps the trace records, counted from this attempt's first step (1 when fresh)."""
+        if self.window is None:
+            return []
+        start, count = self.window
+        return list(range(first_step + start - 1, first_step + start - 1 + count))
 
     def step(self) -> None:
         if self.prof is None:

@@ -73,9 +73,13 @@ class Loop:
         t = self.cfg.train
         fail_rank, fail_step = injected_failure()
         first_measured = min(start_step + t.warmup_steps + 1, t.steps)
+        self.meter.excluded["warmup"] = list(range(start_step + 1, first_measured))
+        traced = set(self.profiler.traced_steps(start_step + 1))
         for step in range(start_step + 1, t.steps + 1):
             if step == first_measured:
                 self.meter.start_measuring()
+            if step in traced:
+                self.meter.exclude_from(step)
             if (self.env.rank, step) == (fail_rank, fail_step):
                 raise RuntimeError(f"injected failure on rank {self.env.rank} at step {step} (ABLATE_INJECT_FAILURE)")
             self.micro_steps()
@@ -84,6 +88,8 @@ class Loop:
             self.meter.clock.end("optimizer")
             self.meter.on_step(grad_norm)
             self.profiler.step()
+            if step in traced and step + 1 not in traced:   # the trace is written: steady steps again
+                self.meter.include_again()
             row = None
             if step % t.log_every == 0 or step == t.steps:
                 row = self.meter.log_point(step)
