@@ -117,6 +117,7 @@ def test_expected_here_for_partitioning_and_what_the_plot_holds(tmp_path):
     assert (tmp_path / "c2_zero3.png").stat().st_size > 1000
     md = (tmp_path / "report.md").read_text()
     assert "−50.0%" in md and "(exact, n=2)" in md and "Noise floor" in md
+    assert "**reproduced** (vs expected here)" in md      # judged against 1 - 1/world, not the claimed -98.4%
 
 
 def test_report_of_nothing_is_a_clear_error(tmp_path, capsys):
@@ -232,6 +233,7 @@ def test_c6_expects_only_what_the_loader_can_deliver(tmp_path):
     fast = c6(6)
     assert fast.expected_here == pytest.approx(1 / 0.6) and "333 batches/s vs 167 batches/s" in fast.reason
     assert "keeps up" in fast.reason
+    assert fast.verdict == "no claim" and "the interval misses the x1.67 expected here" in fast.reason   # 1.6 measured
     slow = c6(24)
     assert slow.expected_here == pytest.approx(0.010 / 0.012) and "cannot keep up" in slow.reason
 

@@ -135,9 +135,11 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False) -> Check:
         reason = None if est else f"no {kind} of {metric}: the baseline is 0"
     if est is None:
         verdict = "not measurable here"
-    else:
-        verdict = stats.verdict(expected if expected is not None else claimed, tolerance, better, est)
+    else:   # without a claim there is no verdict: what the interval says of the expected value is a reason
+        verdict = stats.verdict(claimed if expected is None else expected, tolerance, better, est) \
+            if claimed is not None else "no claim"
         reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
+                                       _unclaimed_expectation(est, expected, tolerance, better, metric),
                                        _expected_note(spec, base, treat)) if p)
     every = base + treat
     return Check(sweep.get("claim", "—"), group.name, metric, spec.get("what", ""), kind, claimed, expected,
@@ -162,6 +164,19 @@ def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:
     if verdict in ("not reproduced", "inconclusive") and spec.get("note"):
         parts.append(spec["note"])
     return "; ".join(parts)
+
+
+UNCLAIMED = {"reproduced": "the interval meets the {e} expected here",
+             "not reproduced": "the interval misses the {e} expected here",
+             "inconclusive": "the interval cannot tell against the {e} expected here"}
+
+
+def _unclaimed_expectation(est: stats.Estimate, expected, tolerance: float, better: str, metric: str) -> str:
+    """For a check with no claim but a value expected here: what its interval says of that value."""
+    if expected is None or est.ci_low is None or not est.kind:
+        return ""
+    judged = stats.verdict(expected, tolerance, better, est)
+    return UNCLAIMED.get(judged, "").format(e=units.effect(est.kind, expected, metric))
 
 
 def noise_floor(groups: List[R.Group], checks: List[Check]) -> Optional[Dict[str, object]]:

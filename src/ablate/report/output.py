@@ -57,13 +57,20 @@ def header(report: Dict) -> List[str]:
     return lines
 
 
+def against_expected(c) -> bool:
+    """A verdict judged against the value expected here, not against the claim itself."""
+    return c.claimed is not None and c.expected_here is not None and c.expected_here != c.claimed \
+        and c.verdict in ("reproduced", "not reproduced", "inconclusive")
+
+
 def verdict_table(checks) -> List[str]:
     lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | reason |",
              "|---|---|---|---|---|---|---|---|"]
     for c in checks:
         expected = units.effect(c.effect_kind, c.expected_here, c.metric) if c.expected_here is not None else "—"
+        judged = f"**{c.verdict}**" + (" (vs expected here)" if against_expected(c) else "")
         lines.append(f"| {c.claim} | {c.metric}: {c.what} | {claimed_text(c)} | {expected} | {measured_text(c)} | "
-                     f"**{c.verdict}** | {c.hardware} | {c.reason} |")
+                     f"{judged} | {c.hardware} | {c.reason} |")
     return lines
 
 
@@ -210,7 +217,9 @@ def print_table(report: Dict) -> None:
         table.add_column(col)
     colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan")))
     for c in report["checks"]:
-        table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)), f"[{colour[c.verdict]}]{c.verdict}")
+        vs = " (vs expected here)" if against_expected(c) else ""
+        table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)),
+                      f"[{colour[c.verdict]}]{c.verdict}{vs}")
     Console().print(table)
     for c in report["checks"]:
         if c.verdict == "not measurable here":
