@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from ablate import CONF_DIR, compose, launcher
 from ablate.config import AblateConfig, ConfigError, fail
-from ablate.config.store import register
+from ablate.config.store import group_choices, register
 from ablate.train import guards
 from ablate.train.checkpoint import RunStopped
 from ablate.train.distributed import rank_env
@@ -49,7 +49,7 @@ def hydra_main(cfg: DictConfig):
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.get("group") is None:
         cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    choices = group_choices(hydra_cfg.runtime.choices)
     try:
         checked = compose.validate(cfg, choices)
     except ConfigError as e:

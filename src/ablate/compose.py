@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate import CONF_DIR, launcher, logger, parallel, precision
 from ablate.config import AblateConfig, ConfigError
-from ablate.config.store import LABELLED_BY_CHOICE, register, typed
+from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import checkpoint, guards
 
 # `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
@@ -210,8 +210,7 @@ def _composed(overrides: List[str]) -> Tuple[DictConfig, Dict[str, str]]:
                                                           with_log_configuration=True)
     except Exception as e:
         raise _one_line(e) from None
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    return cfg, choices
+    return cfg, group_choices(cfg.hydra.runtime.choices)
 
 
 def run_single(argv: List[str], task: Task, checks: bool = True):
@@ -235,7 +234,8 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
             raise _one_line(e) from None
         if checks:
             check_hardware(checked)
-        checkpoint.check_resume(checked, run_record(cfg, checked))   # refused before Hydra writes .hydra/
+        if checked.train.resume:   # what the checkpoint cannot become, refused before Hydra writes .hydra/
+            checkpoint.check_resume(checked, run_record(cfg, checked))
         cfg.hydra.mode = RunMode.RUN
         callbacks = Callbacks(cfg)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)

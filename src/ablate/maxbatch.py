@@ -181,12 +181,13 @@ def compose(overrides: List[str]):
     from omegaconf import OmegaConf
 
     from ablate.compose import hydra_context, preflight, validate
+    from ablate.config.store import group_choices
 
     preflight([*overrides, "train.skip_memory_check=true"], hardware=False)   # one-line errors, no traceback
     with hydra_context():
         cfg = hydra_compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")],
                             return_hydra_config=True)
-        choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v}
+        choices = group_choices(cfg.hydra.runtime.choices)
         typed = validate(cfg)
         resolved = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     return typed, resolved, choices

@@ -4,7 +4,7 @@ a multirun job's folder (`hydra.sweep.subdir`)."""
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -53,6 +53,11 @@ def unknown_keys(node, schema, prefix: str = "") -> List[str]:
 # groups whose `name` is only a label, so it is the choice's own (a `--config-dir` model file without `name:`
 # is recorded under its choice, not the schema's default); the other groups' `name` picks an implementation
 LABELLED_BY_CHOICE = ("model", "allocator", "dataloader", "nccl")
+
+
+def group_choices(runtime_choices) -> Dict[str, str]:
+    """Hydra's `hydra.runtime.choices` less Hydra's own groups and the unset ones: what each group was set to."""
+    return {k: v for k, v in runtime_choices.items() if not k.startswith("hydra") and v is not None}
 
 
 def typed(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:

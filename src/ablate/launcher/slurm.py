@@ -26,7 +26,7 @@ from ablate.config import AblateConfig, ConfigError, LauncherConfig
 from ablate.launcher import cluster, environment
 from ablate.launcher.failures import is_consequence
 from ablate.logger import uses_wandb
-from ablate.train import guards
+from ablate.train import checkpoint, guards
 from ablate.train import loop as train
 
 
@@ -264,12 +264,10 @@ def _final_state(job) -> Optional[str]:
 
 
 def _checkpoint_hint(run_dir) -> str:
-    meta = Path(run_dir) / "checkpoint" / "meta.pt" if run_dir else None
-    if not meta or not meta.exists():
+    ckpt = Path(run_dir) / checkpoint.DIRNAME if run_dir else None
+    if not ckpt or not (ckpt / "meta.pt").is_file():
         return ""
-    import torch
-
-    step = torch.load(meta, map_location="cpu", weights_only=True)["step"]
+    step = checkpoint.read_meta(ckpt)["step"]
     return f"; checkpoint at step {step}: resume with train.resume={run_dir}"
 
 

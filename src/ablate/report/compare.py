@@ -173,7 +173,7 @@ UNCLAIMED = {"reproduced": "the interval meets the {e} expected here",
 
 def _unclaimed_expectation(est: stats.Estimate, expected, tolerance: float, better: str, metric: str) -> str:
     """For a check with no claim but a value expected here: what its interval says of that value."""
-    if expected is None or est.ci_low is None or not est.kind:
+    if expected is None or est.ci_low is None:
         return ""
     judged = stats.verdict(expected, tolerance, better, est)
     return UNCLAIMED.get(judged, "").format(e=units.effect(est.kind, expected, metric))

@@ -140,6 +140,11 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}{where}"
 
 
+def _candidates(path: Path) -> List[Path]:
+    """The checkpoint asked for, then (for a run's own) the previous one beside it: newest first."""
+    return [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
+
+
 def _agreed(problem: Optional[str], env) -> List[str]:
     """Every rank's problem with a candidate, known to every rank ("rank 1: ...")."""
     said = all_gather_object(problem, env)
@@ -150,8 +155,7 @@ def load(path: Path, strategy, env) -> Dict:
     """Restore the newest of `path` and the previous checkpoint beside it that every rank finds complete and
     can read; the ranks agree before and after loading, so all of them continue from the same step. The
     checkpoint used is meta["path"]; a fallback is said once, with every rank's reason."""
-    candidates: List[Path] = [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
-    refused = []
+    candidates, refused = _candidates(path), []
     for candidate in candidates:
         if not (candidate / "meta.pt").is_file():
             continue
@@ -182,8 +186,7 @@ def load(path: Path, strategy, env) -> Dict:
 def check_complete(path: Path) -> None:
     """Before any rank starts: a resume needs a checkpoint whose files are all there (sizes; the ranks
     check the contents themselves), else one line naming what is missing."""
-    candidates = [path] + ([path.with_name(PREVIOUS)] if path.name == DIRNAME else [])
-    problems = [manifest.problem(c, checksums=False) for c in candidates if (c / "meta.pt").is_file()]
+    problems = [manifest.problem(c, checksums=False) for c in _candidates(path) if (c / "meta.pt").is_file()]
     if problems and all(problems):
         raise ConfigError(f"train.resume: no complete checkpoint in {path.parent} ({'; '.join(problems)})")
 

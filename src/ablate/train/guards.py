@@ -56,18 +56,24 @@ def check_writable(run_dir: Path, need_bytes: int = 1 << 20) -> None:
         raise ConfigError(f"hydra.run.dir={run_dir}: no space left on {probe}")
 
 
+LOCK_FILE = ".ablate.lock"
+
+
+def _held(run_dir: Path) -> ConfigError:
+    return ConfigError(f"hydra.run.dir={run_dir}: another run is writing into it; choose another directory")
+
+
 def check_unlocked(run_dir: Path) -> None:
     """Refuse, before anything is written into it, a directory a live run holds (`lock` takes it later)."""
     try:
-        handle = open(run_dir / ".ablate.lock")
+        handle = open(run_dir / LOCK_FILE)
     except OSError:
         return
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise ConfigError(f"hydra.run.dir={run_dir}: another run is writing into it; choose another "
-                              "directory") from None
+            raise _held(run_dir) from None
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
@@ -75,15 +81,14 @@ def lock(run_dir: Path) -> None:
     """One live run per directory: a second one is refused while the first holds the lock."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / ".ablate.lock", "a+")
+        handle = open(run_dir / LOCK_FILE, "a+")
     except OSError as e:
         reason = os.strerror(e.errno or errno.EIO)
         raise ConfigError(f"hydra.run.dir={run_dir}: cannot be written ({reason})") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        raise ConfigError(f"hydra.run.dir={run_dir}: another run is writing into it; choose another "
-                          "directory") from None
+        raise _held(run_dir) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
