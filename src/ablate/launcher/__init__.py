@@ -118,6 +118,8 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
+        for sig in (signal.SIGINT, signal.SIGTERM):   # a late copy must not interrupt the exit's own clean-up
+            signal.signal(sig, signal.SIG_IGN)
         print(f"ablate: {signals.stopped(e.sigval, run_dir)}", file=sys.stderr)
         raise SystemExit(128 + e.sigval) from None
     except ChildFailedError as e:
