@@ -50,7 +50,7 @@ def test_exact_counts_need_no_interval():
     assert est.exact and est.ci_low == est.ci_high == pytest.approx(0.875)
     assert stats.verdict(0.875, 0.001, "equal", est) == "reproduced"
     assert stats.verdict(0.984, 0.001, "equal", est) == "not reproduced"
-    varied = stats.estimate("reduction", [800, 800], [100, 120], exact=True)
+    varied = stats.estimate("reduction", [800, 800, 800], [100, 120, 110], exact=True)
     assert not varied.exact and varied.ci_low is not None       # said, and given an interval instead
 
 
@@ -69,3 +69,49 @@ def test_one_run_per_arm_is_inconclusive_and_no_claim_says_no_change():
     aa = stats.estimate("ratio", *ratios(-0.1, 0.05, 0.1))
     assert stats.verdict(None, 0.05, "higher", aa) == "no claim" and aa.holds_no_change is True
     assert stats.estimate("ratio", [0.0], [1.0]) is None          # no ratio to a zero baseline
+
+
+def test_a_ratio_interval_wider_than_the_span_is_not_printed_and_says_what_would_do():
+    # log-ratios -2, 2: mean 0, sd 2.828; t(1 d.f.) 12.706 * 2.828 / sqrt(2) = 25.4 -> [x1e-11, x1e11]
+    est = stats.estimate("ratio", *ratios(-2.0, 2.0))
+    assert est.too_wide and est.ci_low is None and est.ci_high is None
+    assert stats.verdict(1.0, 0.05, "higher", est) == "inconclusive"
+    # sd 2.828 on the log scale: t(n) * 2.828 / sqrt(n) <= log(1.1) = 0.0953 needs n of about 3,470: > 1000
+    assert est.repeats_needed is None and "over 1000 repeats" in stats.no_interval_text(est)
+    # log-ratios -0.1, 0.1: sd 0.1414, half-width 12.706 * 0.1 = 1.27 -> [x0.28, x3.6]: span 12.7 > 4
+    close = stats.estimate("ratio", *ratios(-0.1, 0.1))
+    assert close.too_wide and close.repeats_needed == stats.repeats_needed(math.sqrt(0.02))
+    assert "n=2 too small for an interval" in stats.no_interval_text(close)
+
+
+def test_repeats_needed_is_the_first_n_whose_half_width_fits():
+    # sd 0.1, target log(1.1) = 0.09531: n=6 gives 2.5706 * 0.1 / sqrt(6) = 0.1049 (too wide),
+    # n=7 gives 2.4469 * 0.1 / sqrt(7) = 0.0925 (fits)
+    assert stats.repeats_needed(0.1) == 7
+    assert stats.repeats_needed(0.0) == 2
+
+
+def test_error_bars_stay_in_range_for_rates_and_shares():
+    lo, hi = stats.spread([1960.0, 75000.0, 74000.0])        # a stalled run among three: still above zero
+    assert 0 < lo < hi
+    geo = math.exp(sum(map(math.log, (1960.0, 75000.0, 74000.0))) / 3)
+    assert lo < geo < hi
+    lo, hi = stats.spread([0.01, 0.5, 0.02], share=True)       # a share's bar stays inside (0, 1)
+    assert 0 < lo < hi < 1
+    lo, hi = stats.spread([-1.0, 1.0])                        # a level that may be negative: plain t
+    assert (lo, hi) == pytest.approx((-12.706 * 1.4142 / 1.4142, 12.706), rel=1e-3)
+
+
+def test_intervals_are_calibrated_on_synthetic_aa_data():
+    """200 seeded A/A datasets (5 interleaved pairs; a drift both arms of a pair share, plus 10% run noise
+    each): the 95% interval must hold "no change" in 90-99% of them."""
+    import random
+
+    rng, held = random.Random(20261201), 0
+    for _ in range(200):
+        drift = [rng.gauss(0, 0.5) for _ in range(5)]                 # the machine's load, pair by pair
+        base = [75000 * math.exp(d + rng.gauss(0, 0.1)) for d in drift]
+        treat = [75000 * math.exp(d + rng.gauss(0, 0.1)) for d in drift]
+        est = stats.estimate("ratio", base, treat)
+        held += bool(est.holds_no_change)
+    assert 180 <= held <= 198, held

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from ablate import SWEEPS_DIR
+from ablate.report import outliers
 
 SUITE_SUFFIX = ".yml"   # sweeps/<name>.yml lists sweeps (week4); sweeps/<name>.yaml is one sweep (a Hydra config)
 
@@ -121,38 +122,87 @@ def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float]) -
     return subprocess.CompletedProcess(cmd, proc.returncode, None, err)
 
 
+def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
+    return root / name / f"{i:03d}_r{r}_{re.sub(r'[^A-Za-z0-9.+-]+', '-', label)[:60]}"
+
+
 def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
             until: Optional[float] = None, search: Optional[Dict] = None) -> List[str]:
-    """Every run in order, each a fresh process; `until` (a time.time()) skips what would start too late."""
-    failed, started = [], time.monotonic()
+    """Every run in order, each a fresh process; `until` (a time.time()) skips what would start too late.
+    Then each outlier run (report/outliers.py) is run once more, beside it, and paired in its place."""
+    failed, started, done = [], time.monotonic(), {}
     env = {**os.environ, **(extra_env or {})}
     for i, (name, combo, r) in enumerate(runs, 1):
         label = _label(combo, extra)
-        arm = re.sub(r"[^A-Za-z0-9.+-]+", "-", label)[:60]
-        run_dir = root / name / f"{i:03d}_r{r}_{arm}"
-        left = None if until is None else until - time.time()
-        if left is not None and left < 10:
+        run_dir = run_dir_of(root, i, name, r, label)
+        done[str(run_dir)] = (name, combo, r)
+        title = f"[{i}/{len(runs)}] {name} {label} r{r}"
+        result = run_one(name, combo, r, run_dir, env, run_timeout, until, search)
+        if result is None:
             failed.append(f"{name} {label} r{r} (not run: out of time)")
-            print(f"[{i}/{len(runs)}] {name} {label} r{r}: not run, the time given (--until) is up", flush=True)
+            print(f"{title}: not run, the time given (--until) is up", flush=True)
             continue
-        timeout = min((t for t in (run_timeout, left) if t is not None), default=None)
-        cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
-               f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}"]
-        t0 = time.monotonic()
-        result = run_bounded(cmd, env, timeout)
-        spec = load(name).get("sweep", {}).get("batch_search")
-        if result.returncode == 0 and spec:   # the search shares its arm's time: the run's limit and --until
-            left_for_search = None if timeout is None else timeout - (time.monotonic() - t0)
-            result = batch_search({**spec, **(search or {})}, combo, r, run_dir, env, left_for_search)
-        took = time.monotonic() - t0
         eta = (time.monotonic() - started) / i * (len(runs) - i)
-        status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
-        print(f"[{i}/{len(runs)}] {name} {label} r{r}: {status} in {took:.0f} s, about {eta:.0f} s left", flush=True)
+        say(title, result, run_dir, f", about {eta:.0f} s left")
         if result.returncode:
             failed.append(f"{name} {label} r{r}")
-            last = [ln for ln in result.stderr.strip().splitlines() if ln.strip()][-1:]
-            print(f"    {last[0] if last else 'no error output'} (run dir {run_dir})", file=sys.stderr, flush=True)
+    rerun_outliers(root, done, env, run_timeout, until, search)
     return failed
+
+
+def rerun_outliers(root: Path, done: Dict[str, Tuple], env, run_timeout, until, search) -> None:
+    """Each outlier of this call's runs, run once more beside it (never a rerun's rerun)."""
+    for path, reason in outliers.in_dirs([root]).items():
+        rerun = Path(path).parent / f"{Path(path).name}{RERUN_SUFFIX}"
+        if path not in done or rerun.exists():
+            continue
+        name, combo, r = done[path]
+        print(f"outlier: {Path(path).name}: {reason}; running it once more as {rerun.name}", flush=True)
+        result = run_one(name, combo, r, rerun, env, run_timeout, until, search)
+        if result is None:
+            print(f"[rerun] {rerun.name}: not run, the time given (--until) is up", flush=True)
+            continue
+        say(f"[rerun] {rerun.name}", result, rerun)
+        if result.returncode == 0:
+            mark_rerun(Path(path), rerun, reason)
+
+
+def say(title: str, result, run_dir: Path, tail: str = "") -> None:
+    status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+    print(f"{title}: {status} in {result.took:.0f} s{tail}", flush=True)
+    if result.returncode:
+        last = [ln for ln in result.stderr.strip().splitlines() if ln.strip()][-1:]
+        print(f"    {last[0] if last else 'no error output'} (run dir {run_dir})", file=sys.stderr, flush=True)
+
+
+RERUN_SUFFIX = "_rerun"
+
+
+def mark_rerun(original: Path, rerun: Path, reason: str) -> None:
+    """The outlier keeps its figures and says where its rerun is; the rerun says what it replaces."""
+    for path, keys in ((original, {"rerun_as": rerun.name, "outlier": reason}), (rerun, {"rerun_of": original.name})):
+        summary = json.loads((path / "summary.json").read_text())
+        (path / "summary.json").write_text(json.dumps({**summary, **keys}, indent=2))
+
+
+def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, str], run_timeout, until,
+            search) -> Optional[subprocess.CompletedProcess]:
+    """One run (and its batch search) in a fresh process, its time in `.took`; None when there is no
+    time left to start it (--until)."""
+    left = None if until is None else until - time.time()
+    if left is not None and left < 10:
+        return None
+    timeout = min((t for t in (run_timeout, left) if t is not None), default=None)
+    cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
+           f"sweep.repeat={r}", f"metrics.peak_cache={run_dir.parent.parent / 'peak_flops.json'}"]
+    t0 = time.monotonic()
+    result = run_bounded(cmd, env, timeout)
+    spec = load(name).get("sweep", {}).get("batch_search")
+    if result.returncode == 0 and spec:   # the search shares its arm's time: the run's limit and --until
+        left_for_search = None if timeout is None else timeout - (time.monotonic() - t0)
+        result = batch_search({**spec, **(search or {})}, combo, r, run_dir, env, left_for_search)
+    result.took = time.monotonic() - t0
+    return result
 
 
 def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: Dict[str, str],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 FRACTIONS = ("mfu", "hfu", "data_wait_frac", "fragmentation", "inactive_split_frac", "gpu_util",
-             "mfu_vs_measured_peak", "mfu_vs_datasheet_peak", "comm_overlap_frac")
+             "mfu_vs_measured_peak", "mfu_vs_datasheet_peak", "comm_overlap_frac", "mfu_common_peak")
 UNITS = {"tokens_per_s": "tok/s", "tokens_per_s_per_device": "tok/s", "step_time_s": "s",
          "tflops_per_device": "TFLOP/s", "loss": "", "loss_scale": "", "grad_norm": ""}
 BYTE_UNITS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))

@@ -2,7 +2,10 @@
 
 Speed figures cover only steady steps: after `train.warmup_steps`, and not the steps the profiler traces
 (`metrics.profile_steps`); summary.json says which were left out (`excluded_steps`) and how many counted
-(`measured_steps`). The device is synchronised at log steps and at the edges of the traced window only.
+(`measured_steps`). The summary's speed figures (tokens/s, step time, TFLOP/s, MFU/HFU) come from the
+median steady step (steady.py: a stall moves them little, and is named in `stalls`); shares of time
+(data wait, phases) and the per-interval rows of metrics.jsonl are wall-clock. The device is
+synchronised at log steps and at the edges of the traced window only.
 Every key of the summary is always present: a figure that cannot be measured here is None and
 `notes[key]` says why.
 """
@@ -15,13 +18,14 @@ import torch
 
 from ablate.config import AblateConfig
 from ablate.metrics import flops as F
-from ablate.metrics import memory
+from ablate.metrics import memory, steady
 from ablate.metrics.comm import mean_across_ranks
 from ablate.metrics.peak import Peak
-from ablate.metrics.timing import PhaseClock, synchronize
+from ablate.metrics.timing import PhaseClock, StepTimes, synchronize
 from ablate.nvml import UtilSampler
 
 UTILIZATIONS = ("mfu", "hfu", "mfu_vs_measured_peak", "mfu_vs_datasheet_peak")
+STEADY_KEYS = ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "step_time_s") + UTILIZATIONS
 
 
 def invalid_utilizations(figures: Dict[str, object], peak_source: Optional[str]) -> Dict[str, Dict[str, object]]:
@@ -62,9 +66,10 @@ class Meter:
         self.excluded: Dict[str, list] = {"warmup": [], "profiled": []}   # steps the figures leave out
         self.invalid: Dict[str, Dict[str, object]] = {}
         self.totals = dict(time=0.0, steps=0, tokens=0, txl=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
-                           fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0)
+                           fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0, step_times=[])
         if totals:   # a resumed run: the figures cover every attempt's measured steps
             self.totals.update({k: v for k, v in totals.items() if k in self.totals})
+        self.step_times = StepTimes(device, self.totals["step_times"])
         self.last: Dict[str, object] = {}
         self.util_samples = []
         self.mem_max: Dict[str, Optional[int]] = {}
@@ -79,8 +84,13 @@ class Meter:
         self.loss_sum += loss
         self.loss_count += 1
 
+    def step_begins(self, step: int) -> None:
+        if self.measuring:
+            self.step_times.begin(step)
+
     def on_step(self, grad_norm: Optional[torch.Tensor]) -> None:
         """`grad_norm` None: the engine did not measure one (then only the loss says a step was bad)."""
+        self.step_times.end()
         self.grad_norm = grad_norm.detach() if grad_norm is not None else None
         bad = self._step_bad if grad_norm is None else self._step_bad | ~torch.isfinite(self.grad_norm)
         self._consecutive = torch.where(bad, self._consecutive + 1, torch.zeros_like(self._consecutive))
@@ -134,6 +144,7 @@ class Meter:
         synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
         phases = self.clock.take()
+        self.step_times.take()
         loss = mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)
         row: Dict[str, object] = {"step": step, "loss": loss.item(),
                                   "grad_norm": self.grad_norm.item() if self.grad_norm is not None else None,
@@ -194,8 +205,18 @@ class Meter:
         t = self.totals
         if not t["steps"] or not t["time"]:
             raise RuntimeError("no measured steps: the run ended inside its warm-up")
-        out = self._rates(t["time"], t["steps"], t["tokens"], t["flops"], t["hw_flops"], t["wait"], t["copy"],
-                          {"fwd_bwd": t["fwd_bwd"], "optimizer": t["optimizer"]})
+        phases = {"fwd_bwd": t["fwd_bwd"], "optimizer": t["optimizer"]}
+        out = self._rates(t["time"], t["steps"], t["tokens"], t["flops"], t["hw_flops"], t["wait"], t["copy"], phases)
+        out.update(tokens_per_s_wall=out["tokens_per_s"], step_time_mean_s=out["step_time_s"])
+        synchronize(self.device)
+        steps = steady.figures(self.step_times.take())
+        if steps["step_time_s"]:   # the speed figures from the median step; shares of time stay wall-clock
+            robust = self._rates(steps["step_time_s"] * t["steps"], t["steps"], t["tokens"], t["flops"],
+                                 t["hw_flops"], t["wait"], t["copy"], phases)
+            out.update({k: robust[k] for k in STEADY_KEYS})
+        out.update(steps)
+        if steps["stalls"]:
+            self.notes["step_time_s"] = f"the median steady step; {steady.describe(steps['stalls'])}"
         self.invalid.update(invalid_utilizations(out, self.peak.source))
         self.notes.update({k: v["reason"] for k, v in self.invalid.items()})
         seq = self.cfg.train.seq_len

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
 
@@ -46,3 +46,41 @@ class PhaseClock:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class StepTimes:
+    """Each steady step's duration, from its first micro-batch to the end of its optimizer step: what lies
+    between steps (log lines, checkpoints) is not in it. CUDA events are read only at sync points."""
+
+    def __init__(self, device: torch.device, durations: Optional[List[List[float]]] = None):
+        self.cuda = device.type == "cuda"
+        self.durations: List[List[float]] = durations if durations is not None else []   # [step, seconds]
+        self._pending: list = []
+        self._begun = None
+
+    def begin(self, step: int) -> None:
+        self._begun = (step, self._stamp())
+
+    def end(self) -> None:
+        if self._begun is None:
+            return
+        (step, start), stop = self._begun, self._stamp()
+        self._begun = None
+        if self.cuda:
+            self._pending.append((step, start, stop))
+        else:
+            self.durations.append([step, stop - start])
+
+    def take(self) -> List[List[float]]:
+        """Every step so far (the caller has synchronised the device)."""
+        for step, start, stop in self._pending:
+            self.durations.append([step, start.elapsed_time(stop) / 1000.0])
+        self._pending.clear()
+        return self.durations
+
+    def _stamp(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event

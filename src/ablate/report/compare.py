@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import socket
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -18,14 +16,13 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.metrics.peak import user_cache_dir
+from ablate.report import noise, outliers, stats
 from ablate.report import output as report_output
 from ablate.report import runs as R
-from ablate.report import stats
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
               "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
-              "treatment", "baseline_value", "treatment_value", "hardware", "runs")
+              "treatment", "baseline_value", "treatment_value", "hardware", "runs", "outliers", "other_way")
 BETTER = {"reduction": "higher", "ratio": "higher"}
 
 
@@ -53,6 +50,8 @@ class Check:
     treatment_value: Optional[float]
     hardware: str
     runs: str
+    outliers: str = ""        # outlier runs among these pairs, or the outliers their reruns replace
+    other_way: str = ""       # the estimate and verdict with the outliers the other way (outliers.py)
 
 
 def _median(values) -> Optional[float]:
@@ -120,7 +119,34 @@ def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok:
     return None
 
 
-def check(group: R.Group, spec: Dict, mixed_ok: bool = False) -> Check:
+def _judge(spec: Dict, base: List[R.Run], treat: List[R.Run], claimed, expected):
+    """(estimate, verdict) of one check on these pairs; (None, None) when no effect can be computed."""
+    kind, metric = spec["effect"], spec["metric"]
+    est = stats.estimate(kind, [r.metric(metric) for r in base], [r.metric(metric) for r in treat],
+                         exact=bool(spec.get("exact")))
+    if est is None:
+        return None, None
+    better = spec.get("better", BETTER.get(kind, "equal"))
+    target = claimed if expected is None else expected
+    return est, stats.verdict(target, float(spec.get("tolerance", 0.05)), better, est) \
+        if claimed is not None else "no claim"
+
+
+def _other_way(group: R.Group, spec: Dict, base, treat, flagged: Dict[str, str], claimed, expected) -> str:
+    """The check with the outliers the other way (outliers.alternative), as one phrase."""
+    other = outliers.alternative(group, base, treat, flagged)
+    if other is None:
+        return ""
+    what, b, t = other
+    est, verdict = _judge(spec, b, t, claimed, expected) if b else (None, None)
+    if est is None:
+        return f"{what}: no pairs left"
+    measured = report_output.effect_text(est.kind, spec["metric"], est.median, est.ci_low, est.ci_high, est.n,
+                                         est.exact)
+    return f"{what}: {measured}, {verdict}"
+
+
+def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str, str] = None) -> Check:
     sweep, metric, kind = group.sweep, spec["metric"], spec["effect"]
     base, treat = group.pairs()
     claimed = None if spec.get("claimed") is None else float(spec["claimed"])
@@ -130,14 +156,11 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False) -> Check:
     if reason is None:
         if spec.get("expected") in EXPECTED:
             expected = EXPECTED[spec["expected"]](base, treat)
-        est = stats.estimate(kind, [r.metric(metric) for r in base], [r.metric(metric) for r in treat],
-                             exact=bool(spec.get("exact")))
+        est, verdict = _judge(spec, base, treat, claimed, expected)
         reason = None if est else f"no {kind} of {metric}: the baseline is 0"
     if est is None:
         verdict = "not measurable here"
     else:   # without a claim there is no verdict: what the interval says of the expected value is a reason
-        verdict = stats.verdict(claimed if expected is None else expected, tolerance, better, est) \
-            if claimed is not None else "no claim"
         reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
                                        _unclaimed_expectation(est, expected, tolerance, better, metric),
                                        _expected_note(spec, base, treat)) if p)
@@ -147,13 +170,14 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False) -> Check:
                  est.ci_high if est else None, est.n if est else len(base), bool(est and est.exact), verdict,
                  reason or "", str(sweep.get("baseline")), str(sweep.get("treatment")),
                  _median(r.metric(metric) for r in base), _median(r.metric(metric) for r in treat),
-                 "; ".join(sorted({r.hardware for r in every})), " ".join(str(r.path) for r in every))
+                 "; ".join(sorted({r.hardware for r in every})), " ".join(str(r.path) for r in every),
+                 " ".join(r.path.name for r in every if str(r.path) in (flagged or {}))
+                 + " ".join(group.replaced[str(r.path)].path.name for r in every if str(r.path) in group.replaced),
+                 _other_way(group, spec, base, treat, flagged or {}, claimed, expected) if est else "")
 
 
 def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:
-    parts = []
-    if est.n == 1 and not est.exact:
-        parts.append("one run per arm gives no interval: use --repeats")
+    parts = [stats.no_interval_text(est)] if stats.no_interval_text(est) else []
     if spec.get("exact") and not est.exact:
         parts.append("an exact figure that varied between repeats")
     if expected is not None and claimed is not None and expected != claimed:
@@ -179,34 +203,19 @@ def _unclaimed_expectation(est: stats.Estimate, expected, tolerance: float, bett
     return UNCLAIMED.get(judged, "").format(e=units.effect(est.kind, expected, metric))
 
 
-def noise_floor(groups: List[R.Group], checks: List[Check]) -> Optional[Dict[str, object]]:
-    """tokens/s between identical runs (the A/A sweep), from these runs or the last one cached on this host."""
-    cache = user_cache_dir() / "noise_floor.json"
-    floors = [c for c in checks if c.metric == "tokens_per_s" and c.ci_low is not None
-              and any(g.name == c.sweep and g.sweep.get("noise_floor") for g in groups)]
-    if floors:
-        c = floors[0]
-        floor = {"half_width": max(abs(c.ci_high - 1), abs(1 - c.ci_low)), "n": c.n, "ci_low": c.ci_low,
-                 "ci_high": c.ci_high, "host": socket.gethostname(), "hardware": c.hardware,
-                 "source": c.runs.split()[0]}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(floor, indent=1))
-        return {**floor, "from": "these runs"}
-    try:
-        floor = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        return None
-    return {**floor, "from": f"cached ({cache})"} if floor.get("host") == socket.gethostname() else None
-
-
 def build(dirs: List[Path], mixed_hardware: bool = False) -> Dict[str, object]:
-    runs, unfinished = R.find(dirs)
-    groups = R.group_sweeps(runs)
+    found, unfinished = R.find(dirs)
+    runs, replaced = R.reruns(found)
+    groups = R.group_sweeps(runs, replaced)
     adhoc = R.group_adhoc(runs)
     groups += [adhoc] if adhoc else []
-    checks = [check(g, spec, mixed_hardware) for g in groups for spec in g.sweep.get("checks", [])]
-    return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks,
-            "noise_floor": noise_floor(groups, checks), "arithmetic": arithmetic_checks() + article_mfu(groups)}
+    for group in groups:
+        R.add_common_peak(group)
+    flagged = outliers.find(groups)
+    checks = [check(g, spec, mixed_hardware, flagged) for g in groups for spec in g.sweep.get("checks", [])]
+    return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks, "outliers": flagged,
+            "noise_floor": noise.floor(groups, checks, flagged),
+            "arithmetic": arithmetic_checks() + article_mfu(groups)}
 
 
 def arithmetic_checks() -> List[str]:

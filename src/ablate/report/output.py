@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ablate import units
-from ablate.report import stats, timeline
+from ablate.report import noise, outliers, stats, timeline
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -20,16 +20,20 @@ THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with 
 
 
 def measured_text(c) -> str:
-    if c.measured is None:
+    return effect_text(c.effect_kind, c.metric, c.measured, c.ci_low, c.ci_high, c.n, c.exact)
+
+
+def effect_text(kind: str, metric: str, value, lo, hi, n: int, exact: bool = False) -> str:
+    """'x1.02 [x0.98, x1.05] (n=4)', '−87.5% (exact, n=2)', '— ' for none."""
+    if value is None:
         return "—"
-    text = units.effect(c.effect_kind, c.measured, c.metric)
-    if c.exact:
-        return f"{text} (exact, n={c.n})"
-    if c.ci_low is None:
-        return f"{text} (n={c.n}, no interval)"
-    ends = (c.ci_high, c.ci_low) if c.effect_kind == "reduction" else (c.ci_low, c.ci_high)   # −x% reads low->high
-    lo, hi = (units.effect(c.effect_kind, v, c.metric) for v in ends)
-    return f"{text} [{lo}, {hi}] (n={c.n})"
+    text = units.effect(kind, value, metric)
+    if exact:
+        return f"{text} (exact, n={n})"
+    if lo is None:
+        return f"{text} (n={n}, no interval)"
+    ends = (hi, lo) if kind == "reduction" else (lo, hi)   # −x% reads low->high
+    return f"{text} [{units.effect(kind, ends[0], metric)}, {units.effect(kind, ends[1], metric)}] (n={n})"
 
 
 def claimed_text(c) -> str:
@@ -37,16 +41,10 @@ def claimed_text(c) -> str:
 
 
 def header(report: Dict) -> List[str]:
-    floor = report["noise_floor"]
-    lines = ["# ablate report: claimed vs measured", ""]
-    if floor:
-        lines.append(f"**Noise floor** (A/A sweep, {floor['from']}): tokens/s differs by up to "
-                     f"±{floor['half_width']:.1%} between identical runs here (95% interval of the ratio "
-                     f"[{floor['ci_low']:.3f}, {floor['ci_high']:.3f}], n={floor['n']}, {floor['hardware']}).")
-    else:
-        lines.append("**Noise floor**: not measured on this host yet: `python -m ablate.sweeps aa_noise --repeats 5`.")
+    lines = ["# ablate report: claimed vs measured", "", noise.header_line(report["noise_floor"])]
     hardware = sorted({r.hardware for r in report["runs"]})
-    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", THRESHOLD_RULE, ""]
+    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", THRESHOLD_RULE, "",
+              outliers.RULE, ""]
     groups = sorted({(r.summary.get("wandb") or {}).get("group") for r in report["runs"]} - {None})
     if groups:
         lines += [f"W&B: group(s) {', '.join(f'`{g}`' for g in groups)} (in the project, *Group* by that name; "
@@ -54,6 +52,10 @@ def header(report: Dict) -> List[str]:
     if report["unfinished"]:
         lines += ["**Runs that did not finish** (no summary.json; not in any figure):", ""]
         lines += [f"- `{p}`" for p in report["unfinished"]] + [""]
+    named = outliers.lines(report["groups"], report.get("outliers") or {})
+    if named:
+        lines += ["**Outliers and stalls** (each check touched by an outlier gives its estimate the other way "
+                  "too, in *other way*):", ""] + named + [""]
     return lines
 
 
@@ -64,18 +66,27 @@ def against_expected(c) -> bool:
 
 
 def verdict_table(checks) -> List[str]:
-    lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | reason |",
-             "|---|---|---|---|---|---|---|---|"]
+    other = any(c.other_way for c in checks)
+    lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | reason |"
+             + (" other way |" if other else ""), "|---" * (9 if other else 8) + "|"]
     for c in checks:
         expected = units.effect(c.effect_kind, c.expected_here, c.metric) if c.expected_here is not None else "—"
         judged = f"**{c.verdict}**" + (" (vs expected here)" if against_expected(c) else "")
         lines.append(f"| {c.claim} | {c.metric}: {c.what} | {claimed_text(c)} | {expected} | {measured_text(c)} | "
-                     f"{judged} | {c.hardware} | {c.reason} |")
+                     f"{judged} | {c.hardware} | {c.reason} |" + (f" {c.other_way or '—'} |" if other else ""))
     return lines
 
 
-ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "data_wait_frac", "mem_peak_bytes", "comm_bytes_per_step",
-               "nonfinite_steps", "scaler_skipped_steps")
+ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "mfu_common_peak", "data_wait_frac", "mem_peak_bytes",
+               "comm_bytes_per_step", "nonfinite_steps", "scaler_skipped_steps")
+
+
+def common_peak_text(group) -> str:
+    run = next((r for arm in group.arms.values() for r in arm.runs if r.derived.get("common_peak_flops")), None)
+    if run is None:
+        return "mfu_common_peak: no peak recorded for the baseline."
+    return (f"`mfu` divides each arm by its own precision's peak; `mfu_common_peak` divides every arm by one "
+            f"peak, the baseline's ({run.derived['common_peak_flops'] / 1e12:.3g} TFLOP/s), so arms compare as speeds.")
 
 
 def timelines(out: Path, group) -> List[str]:
@@ -94,7 +105,8 @@ def timelines(out: Path, group) -> List[str]:
 def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
     s = group.sweep
     lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{group.name}`)", "",
-             f"Claimed: {s.get('claimed_text', '')}. Knob: `{s['knob']}`.", "",
+             f"Claimed: {s.get('claimed_text', '')}. Knob: `{s['knob']}`.", "", noise.within_text(noise.within(group)),
+             "", common_peak_text(group), "",
              "| arm | " + " | ".join(ARM_COLUMNS) + " |", "|---" * (len(ARM_COLUMNS) + 1) + "|"]
     for role, arm in group.arms.items():
         cells = []
@@ -129,7 +141,7 @@ def panel_data(group, check) -> Dict[str, object]:
     arms = []
     for role, arm in group.arms.items():
         values = [v for v in arm.values(check.metric) if v is not None]
-        lo, hi = stats.spread(values)
+        lo, hi = stats.spread(values, share=units.is_fraction(check.metric))
         arms.append({"role": role, "label": f"{arm.value}", "median": sorted(values)[len(values) // 2] if values
                      else None, "ci_low": lo, "ci_high": hi, "n": len(values)})
     target = check.expected_here if check.expected_here is not None else check.claimed
@@ -212,7 +224,7 @@ def print_table(report: Dict) -> None:
 
     floor = report["noise_floor"]
     table = Table(title="claimed vs measured" + (f" (noise floor ±{floor['half_width']:.1%} tok/s, n={floor['n']})"
-                                                 if floor else ""))
+                                                 if floor and "half_width" in floor else ""))
     for col in ("claim", "check", "claimed", "measured [95% CI] (n)", "verdict"):
         table.add_column(col)
     colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan")))

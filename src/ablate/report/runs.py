@@ -28,6 +28,7 @@ class Run:
     path: Path
     summary: Dict
     config: Dict
+    derived: Dict = field(default_factory=dict)   # figures the report computes across runs (common_peak)
 
     @property
     def sweep(self) -> Dict:
@@ -40,6 +41,8 @@ class Run:
         return node
 
     def metric(self, name: str):
+        if name in self.derived:
+            return self.derived[name]
         if name == "state_bytes_total":
             per_rank = [sum(r["state_bytes"].values()) for r in self.summary.get("per_rank", [])
                         if r.get("state_bytes")]
@@ -79,6 +82,7 @@ class Group:
     name: str
     sweep: Dict                       # the sweeps/ node (knob, baseline, treatment, checks, claim...)
     arms: Dict[str, Arm]              # role ("baseline", "treatment", or the knob value) -> arm
+    replaced: Dict[str, Run] = field(default_factory=dict)   # a rerun's path -> the outlier run it replaces
 
     def pairs(self) -> Tuple[List[Run], List[Run]]:
         """Baseline and treatment runs paired by repeat index (order of running when not recorded)."""
@@ -123,7 +127,38 @@ def _order(run: Run) -> Tuple:
     return (run.repeat if run.repeat is not None else 10**9, str(run.path))
 
 
-def group_sweeps(runs: List[Run]) -> List[Group]:
+def reruns(runs: List[Run]) -> Tuple[List[Run], Dict[str, Run]]:
+    """(the runs with each rerun outlier's rerun in its place, {rerun path: the original}). `rerun_as` is
+    the rerun's folder name, beside the original's."""
+    by_path = {r.path.resolve(): r for r in runs}
+    replaced = {}
+    for run in runs:
+        rerun = by_path.get((run.path.parent / run.summary["rerun_as"]).resolve()) \
+            if run.summary.get("rerun_as") else None
+        if rerun is not None:
+            replaced[str(rerun.path)] = run
+    originals = {id(r) for r in replaced.values()}
+    return [r for r in runs if id(r) not in originals], replaced
+
+
+def add_common_peak(group: Group) -> None:
+    """`mfu_common_peak` for every run of the group: its model FLOP rate over ONE peak, the baseline's
+    (median) peak_flops, so arms of different precisions compare as speeds; each run's own-peak `mfu`
+    stays beside it."""
+    base = group.arms.get("baseline") or next(iter(group.arms.values()), None)
+    peaks = [r.summary.get("peak_flops") for r in (base.runs if base else [])]
+    peaks = sorted(p for p in peaks if p)
+    if not peaks:
+        return
+    peak = peaks[len(peaks) // 2]
+    for arm in group.arms.values():
+        for run in arm.runs:
+            rate, fpt = run.summary.get("tokens_per_s_per_device"), run.summary.get("flops_per_token")
+            run.derived["mfu_common_peak"] = rate * fpt / peak if rate and fpt else None
+            run.derived["common_peak_flops"] = peak
+
+
+def group_sweeps(runs: List[Run], replaced: Dict[str, Run] = None) -> List[Group]:
     """Runs of sweeps/ files: by sweep name, then arm (the knob's value), repeats in repeat order."""
     by_name: Dict[str, Group] = {}
     for run in sorted(runs, key=_order):
@@ -135,6 +170,8 @@ def group_sweeps(runs: List[Run]) -> List[Group]:
                 else str(value))
         group = by_name.setdefault(sweep["name"], Group(sweep["name"], sweep, {}))
         group.arms.setdefault(role, Arm(value)).runs.append(run)
+        if str(run.path) in (replaced or {}):
+            group.replaced[str(run.path)] = replaced[str(run.path)]
     for group in by_name.values():   # baseline, treatment, then the other arms
         order = ["baseline", "treatment"] + sorted(k for k in group.arms if k not in ("baseline", "treatment"))
         group.arms = {k: group.arms[k] for k in order if k in group.arms}
@@ -162,6 +199,7 @@ def inferred_knobs(runs: List[Run]) -> List[str]:
 ADHOC_CHECKS = [
     {"metric": "tokens_per_s", "effect": "ratio", "what": "throughput"},
     {"metric": "mfu", "effect": "difference", "what": "MFU"},
+    {"metric": "mfu_common_peak", "effect": "ratio", "what": "MFU against the baseline's peak (a speed ratio)"},
     {"metric": "mem_peak_bytes", "effect": "ratio", "what": "peak memory"},
     {"metric": "data_wait_frac", "effect": "difference", "what": "share of step time waiting for data"},
     {"metric": "comm_bytes_per_step", "effect": "ratio", "exact": True, "what": "communication bytes per step"},

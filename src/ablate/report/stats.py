@@ -6,7 +6,10 @@ ran next to each other in time). Per check:
   (treatment - baseline, for fractions), `value_treatment` / `value_baseline` (one arm's level);
 - the point estimate is the median of the per-repeat effects;
 - the 95% interval is a t-interval: on the log-ratios for ratio and reduction (speed and memory effects
-  are multiplicative), on the values themselves otherwise. n = 1 gives no interval;
+  are multiplicative, and a ratio's interval never reaches below zero), on the values themselves
+  otherwise. n = 1 gives no interval; nor does a log-scale interval wider than a factor MAX_SPAN end to
+  end ([x0.016, x48] says nothing): the estimate says "n too small for an interval" and how many repeats
+  would give ±10% at the measured spread (`repeats_needed`);
 - `exact` checks (bytes, calls, analytic FLOPs, counts) need no interval when every repeat agrees.
 
 Verdict rule (README, report header): with target T (the expected-here value when ablate can compute
@@ -27,6 +30,9 @@ from typing import List, Optional, Sequence, Tuple
 RATIO_KINDS = ("ratio", "reduction")
 NO_CHANGE = {"ratio": 1.0, "reduction": 0.0, "difference": 0.0}
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not measurable here", "no claim")
+MAX_SPAN = 4.0          # a ratio interval whose high end is over 4x its low end is too wide to print
+WANTED_HALF_WIDTH = math.log(1.1)   # repeats_needed aims at ±10% (on the log scale)
+MAX_REPEATS = 1000
 
 
 @dataclass
@@ -38,6 +44,8 @@ class Estimate:
     ci_high: Optional[float]
     n: int
     exact: bool
+    too_wide: bool = False              # an interval was computed but is wider than MAX_SPAN: not given
+    repeats_needed: Optional[int] = None   # for ±10% at this spread, when too wide
 
     @property
     def holds_no_change(self) -> Optional[bool]:
@@ -61,6 +69,21 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> Tuple[Optional[f
     mean, sd = statistics.fmean(values), statistics.stdev(values)
     half = t_quantile(n, level) * sd / math.sqrt(n)
     return mean - half, mean + half
+
+
+def repeats_needed(sd: float, half_width: float = WANTED_HALF_WIDTH, level: float = 0.95) -> Optional[int]:
+    """The fewest repeats whose t-interval is at most ±half_width at this standard deviation (None past
+    MAX_REPEATS)."""
+    for n in range(2, MAX_REPEATS + 1):
+        if t_quantile(n, level) * sd / math.sqrt(n) <= half_width:
+            return n
+    return None
+
+
+def log_interval(values: Sequence[float], level: float = 0.95) -> Tuple[Optional[float], Optional[float]]:
+    """A t-interval of positive values on the log scale (of their geometric mean): never below zero."""
+    lo, hi = t_interval([math.log(v) for v in values], level)
+    return (None, None) if lo is None else (math.exp(lo), math.exp(hi))
 
 
 def per_pair(kind: str, baseline: Sequence[float], treatment: Sequence[float]) -> Optional[List[float]]:
@@ -88,14 +111,24 @@ def estimate(kind: str, baseline: Sequence[float], treatment: Sequence[float], e
         return Estimate(kind, effects, median, median, median, len(effects), True)
     if kind in RATIO_KINDS and min(effects if kind == "ratio" else [1 - e for e in effects]) > 0:
         ratios = effects if kind == "ratio" else [1 - e for e in effects]
-        lo, hi = t_interval([math.log(r) for r in ratios], level)
-        if lo is not None:
-            lo, hi = math.exp(lo), math.exp(hi)
-            if kind == "reduction":
-                lo, hi = 1 - hi, 1 - lo
+        lo, hi = log_interval(ratios, level)
+        if lo is not None and hi / lo > MAX_SPAN:   # n too small for an interval at this spread
+            needed = repeats_needed(statistics.stdev(math.log(r) for r in ratios), level=level)
+            return Estimate(kind, effects, median, None, None, len(effects), False, True, needed)
+        if lo is not None and kind == "reduction":
+            lo, hi = 1 - hi, 1 - lo
     else:
         lo, hi = t_interval(effects, level)
     return Estimate(kind, effects, median, lo, hi, len(effects), False)
+
+
+def no_interval_text(est: Estimate) -> str:
+    """Why an estimate has no interval, for a reason column."""
+    if est.too_wide:
+        more = (f"about {est.repeats_needed} repeats would give ±10% at the measured spread"
+                if est.repeats_needed else f"over {MAX_REPEATS} repeats would be needed at the measured spread")
+        return f"n={est.n} too small for an interval (wider than x{MAX_SPAN:g} end to end): {more}"
+    return "one run per arm gives no interval: use --repeats" if est.n == 1 and not est.exact else ""
 
 
 def verdict(target: Optional[float], tolerance: float, better: str, est: Estimate) -> str:
@@ -117,6 +150,14 @@ def verdict(target: Optional[float], tolerance: float, better: str, est: Estimat
     return "not reproduced" if hi < band[0] or lo > band[1] else "inconclusive"
 
 
-def spread(values: Sequence[float]) -> Tuple[Optional[float], Optional[float]]:
-    """A 95% t-interval of one arm's mean (error bars in plots); None with one value."""
-    return t_interval([v for v in values if v is not None])
+def spread(values: Sequence[float], share: bool = False) -> Tuple[Optional[float], Optional[float]]:
+    """A 95% interval of one arm's level (error bars in plots); None with one value. Positive quantities
+    (rates, bytes, times) on the log scale, shares on the logit scale, so neither leaves its range; other
+    values (a loss, a share that is exactly 0 or 1 somewhere) get a plain t-interval."""
+    values = [v for v in values if v is not None]
+    if share and values and all(0 < v < 1 for v in values):
+        lo, hi = t_interval([math.log(v / (1 - v)) for v in values])
+        return (None, None) if lo is None else (1 / (1 + math.exp(-lo)), 1 / (1 + math.exp(-hi)))
+    if not share and values and all(v > 0 for v in values):
+        return log_interval(values)
+    return t_interval(values)

@@ -82,6 +82,7 @@ class Loop:
                 self.meter.exclude_from(step)
             if (self.env.rank, step) == (fail_rank, fail_step):
                 raise RuntimeError(f"injected failure on rank {self.env.rank} at step {step} (ABLATE_INJECT_FAILURE)")
+            self.meter.step_begins(step)
             self.micro_steps()
             self.meter.clock.begin()
             grad_norm = self.strategy.step(measure_state=step == t.steps)
@@ -133,6 +134,7 @@ class Loop:
         if not self.strategy.state_is_finite():   # NaN weights never recover: stop, keep the last good one
             raise checkpoint.RunStopped(f"stopped at step {step}: the weights are not finite, so no checkpoint was "
                                         f"written from them; {self.last_good()}")
+        self.meter.step_times.take()      # CUDA: the save has synchronised; a resume keeps every step's time
         meta = {"wandb_id": self.tracker.wandb_id, "world_size": self.env.world_size, "totals": self.meter.totals,
                 "config": {k: v for k, v in self.resolved.items() if k != "hydra"}}
         checkpoint.save(self.run_dir / checkpoint.DIRNAME, self.strategy, step, meta, self.env.is_main)

@@ -1,0 +1,124 @@
+"""Numbers under contention (#21): outliers named with the verdict both ways, stalls recorded, reruns
+paired in place, noise floors with an address, and MFU against one peak — on planted run dirs."""
+import json
+
+import pytest
+
+from ablate import report
+from ablate.report import outliers
+from test_report import fake_run
+
+AA = {"name": "aa_noise", "claim": "A/A", "technique": "identical arms", "knob": "sweep.arm", "baseline": "a",
+      "treatment": "b", "noise_floor": True,
+      "checks": [{"metric": "tokens_per_s", "effect": "ratio", "claimed": None}]}
+
+
+def aa_run(root, name, arm, repeat, step_s, **summary):
+    tokens = 1000 / step_s
+    return fake_run(root, name, {"sweep": {"arm": arm}, "model": {"name": "tiny"}, "train": {"batch_size": 8}},
+                    {**AA, "repeat": repeat, "arm": arm}, step_time_s=step_s, tokens_per_s=tokens, **summary)
+
+
+def planted(root, slow=None, stall=None):
+    """4 repeats per arm at ~10 ms a step (+-1%); `slow` = (arm, repeat) runs 3x slower; `stall` likewise
+    keeps its median but records a 10 s stall."""
+    jitter = [1.00, 1.01, 0.99, 1.005]
+    for r in range(4):
+        for arm in ("a", "b"):
+            step = 0.010 * jitter[r] * (3.0 if (arm, r) == slow else 1.0)
+            extra = {"stalls": [{"step": 51, "seconds": 10.2, "x_median": 1020.0}], "stall_s": 10.19,
+                     "tokens_per_s_wall": 500.0} if (arm, r) == stall else {}
+            aa_run(root, f"{r}_{arm}", arm, r, step, **extra)
+
+
+def test_a_slow_run_is_named_and_the_verdict_is_given_without_it(tmp_path):
+    planted(tmp_path, slow=("b", 2))
+    built = report.build([tmp_path])
+    assert list(built["outliers"]) == [str(tmp_path / "2_b")]
+    assert "x2.96 slower than the median of its arm's other 3 runs" in built["outliers"][str(tmp_path / "2_b")]
+    speed = built["checks"][0]
+    assert speed.outliers == "2_b"
+    assert speed.other_way.startswith("without the outlier runs' pairs: ") and "(n=3)" in speed.other_way
+    assert report.main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "**Outliers and stalls**" in md and f"`{tmp_path / '2_b'}` (aa_noise, b): outlier" in md
+    assert "other way" in md and "modified z-score" in md
+
+
+def test_two_runs_or_a_spread_arm_name_no_outlier():
+    runs = [outliers.R.Run(outliers.R.Path(f"/r{i}"), {"step_time_s": t}, {}) for i, t in enumerate((1.0, 3.0))]
+    assert outliers.in_arm(runs) == {}                      # with two, nobody can say which one is off
+    spread = [outliers.R.Run(outliers.R.Path(f"/s{i}"), {"step_time_s": t}, {})
+              for i, t in enumerate((1.0, 1.6, 2.5, 4.0))]
+    assert outliers.in_arm(spread) == {}                    # a loaded machine's spread, no single odd one
+
+
+def test_a_stall_is_recorded_named_and_moves_the_interval_little(tmp_path):
+    planted(tmp_path, stall=("a", 1))
+    built = report.build([tmp_path])
+    assert built["outliers"] == {}                           # its median step is like the others'
+    speed = built["checks"][0]
+    assert 0.97 < speed.ci_low <= speed.ci_high < 1.03
+    report.main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "1 stall(s): step 51 (10.2 s, x1020 the median step)" in md and "wall-clock tokens/s 500" in md
+
+
+def test_a_rerun_is_paired_in_the_outliers_place_and_the_original_kept(tmp_path):
+    planted(tmp_path, slow=("b", 2))
+    rerun = aa_run(tmp_path, "2_b_rerun", "b", 2, 0.0101, rerun_of="2_b")
+    summary = json.loads((tmp_path / "2_b" / "summary.json").read_text())
+    (tmp_path / "2_b" / "summary.json").write_text(json.dumps({**summary, "rerun_as": rerun.name,
+                                                               "outlier": "x3.00 slower"}))
+    built = report.build([tmp_path])
+    group = built["groups"][0]
+    assert str(tmp_path / "2_b") not in [str(r.path) for r in group.arms["treatment"].runs]
+    assert str(rerun) in [str(r.path) for r in group.arms["treatment"].runs]
+    assert built["outliers"] == {}
+    speed = built["checks"][0]
+    assert speed.outliers == "2_b" and speed.other_way.startswith("with the outlier runs instead of their reruns")
+    assert 0.97 < speed.ci_low <= speed.ci_high < 1.03          # the rerun agrees with its arm
+    report.main([str(tmp_path)])
+    assert "rerun as `2_b_rerun`, which is paired in its place" in (tmp_path / "report.md").read_text()
+
+
+def test_the_aa_floor_is_kept_per_host_and_workload_with_its_address_never_from_an_outlier(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATE_CACHE_DIR", str(tmp_path / "cache"))
+    clean, spoiled = tmp_path / "clean", tmp_path / "spoiled"
+    planted(clean)
+    floor = report.build([clean])["noise_floor"]
+    assert floor["from"] == "these runs" and floor["dir"] == str(clean.resolve())
+    assert floor["workload"].startswith("tiny b8") and floor["measured"][:2] == "20"
+    cached = json.loads((tmp_path / "cache" / "noise_floor.json").read_text())
+    assert list(cached) == [f"{floor['host']}|{floor['workload']}"]
+    planted(spoiled, stall=("a", 0))
+    again = report.build([spoiled])["noise_floor"]
+    assert "not cached: 1 run(s) with an outlier or a stall: 0_a" in again["from"]
+    planted(tmp_path / "slow", slow=("a", 0))   # one pair x3 apart: an A/A interval too wide to give
+    assert "these runs' A/A gives no interval (n=4 too small" in report.build([tmp_path / "slow"])["noise_floor"]["from"]
+    assert json.loads((tmp_path / "cache" / "noise_floor.json").read_text()) == cached   # never replaced
+    other = tmp_path / "other"
+    fake_run(other, "x", {"model": {"name": "8b"}}, tokens_per_s=1.0)
+    fake_run(other, "y", {"model": {"name": "8b"}, "train": {"seed": 1}, "precision": {"name": "bf16"}},
+             tokens_per_s=1.0)
+    report.main([str(other)])
+    header = (other / "report.md").read_text()
+    assert f"in `{clean.resolve()}`" in header and "another workload than these runs'" in header
+    assert f"for the workload {floor['workload']}" in header
+
+
+def test_mfu_against_one_peak_compares_arms_as_speeds(tmp_path):
+    sweep = {"name": "c4_bf16", "claim": "C4", "technique": "bf16", "knob": "precision.name", "baseline": "fp32",
+             "treatment": "bf16", "checks": [{"metric": "mfu_common_peak", "effect": "ratio", "claimed": None},
+                                             {"metric": "mfu", "effect": "ratio", "claimed": None}]}
+    for r in range(3):   # bf16 runs at 0.5x fp32's speed on this CPU, but its own peak is 20x lower
+        fake_run(tmp_path, f"{r}_fp32", {"precision": {"name": "fp32"}}, {**sweep, "repeat": r},
+                 tokens_per_s_per_device=1000.0, flops_per_token=1e6, peak_flops=1e10, mfu=0.1)
+        fake_run(tmp_path, f"{r}_bf16", {"precision": {"name": "bf16"}}, {**sweep, "repeat": r},
+                 tokens_per_s_per_device=500.0, flops_per_token=1e6, peak_flops=5e8, mfu=1.0)
+    by = {c.metric: c for c in report.build([tmp_path])["checks"]}
+    assert by["mfu_common_peak"].measured == pytest.approx(0.5)    # the speed ratio
+    assert by["mfu"].measured == pytest.approx(10.0)               # own peaks: not a speed ratio
+    report.main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "the baseline's (0.01 TFLOP/s)" in md and "mfu_common_peak" in md
