@@ -95,7 +95,8 @@ def test_the_aa_floor_is_kept_per_host_and_workload_with_its_address_never_from_
     again = report.build([spoiled])["noise_floor"]
     assert "not cached: 1 run(s) with an outlier or a stall: 0_a" in again["from"]
     planted(tmp_path / "slow", slow=("a", 0))   # one pair x3 apart: an A/A interval too wide to give
-    assert "these runs' A/A gives no interval (n=4 too small" in report.build([tmp_path / "slow"])["noise_floor"]["from"]
+    slow_floor = report.build([tmp_path / "slow"])["noise_floor"]
+    assert "these runs' A/A gives no interval (n=4 too small" in slow_floor["from"]
     assert json.loads((tmp_path / "cache" / "noise_floor.json").read_text()) == cached   # never replaced
     other = tmp_path / "other"
     fake_run(other, "x", {"model": {"name": "8b"}}, tokens_per_s=1.0)
@@ -122,3 +123,57 @@ def test_mfu_against_one_peak_compares_arms_as_speeds(tmp_path):
     report.main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
     assert "the baseline's (0.01 TFLOP/s)" in md and "mfu_common_peak" in md
+
+
+@pytest.mark.slow
+def test_a_real_run_paused_mid_run_records_the_stall_and_keeps_its_steady_speed(tmp_path):
+    """SIGSTOP for 3 s once steps are logged (as another job or a debugger would): the stall is in
+    summary.json, and the median-step tokens/s stays near the run's own pace, unlike the wall figure."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "logger=none", "train.steps=400", "train.log_every=5",
+                             f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").stat().st_size < 400:
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(3)
+    os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["stalls"]) == 1 and summary["stalls"][0]["seconds"] > 2.5, summary["stalls"]
+    assert summary["stall_s"] > 2.5
+    assert summary["tokens_per_s"] > 1.2 * summary["tokens_per_s_wall"]
+    assert summary["step_time_s"] < summary["step_time_p90_s"] * 1.0001 < summary["stalls"][0]["seconds"]
+    assert "stall(s): step" in summary["notes"]["step_time_s"]
+
+
+@pytest.mark.slow
+def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_rerun(tmp_path):
+    """Three planted A/A runs per arm, one 3x slow; ablate.sweeps' rerun step runs that arm again for real."""
+    import os
+
+    from ablate import sweeps
+
+    root = tmp_path / "D"
+    planted(root / "aa_noise", slow=("b", 2))
+    slow = root / "aa_noise" / "2_b"
+    done = {str(slow): ("aa_noise", ["+sweeps=aa_noise", "sweep.arm=b", "logger=none", "train.steps=12",
+                                     "metrics.gemm_probe_n=128"], 2)}
+    sweeps.rerun_outliers(root, done, {**os.environ, "WANDB_MODE": "offline"}, 300, None, None)
+    rerun = root / "aa_noise" / "2_b_rerun"
+    assert json.loads((slow / "summary.json").read_text())["rerun_as"] == "2_b_rerun"
+    assert json.loads((rerun / "summary.json").read_text())["rerun_of"] == "2_b"
+    sweeps.rerun_outliers(root, done, dict(os.environ), 300, None, None)   # once: never again
+    assert not (root / "aa_noise" / "2_b_rerun_rerun").exists()
+    group = report.build([root])["groups"][0]
+    assert [r.path.name for r in group.arms["treatment"].runs][2] == "2_b_rerun"
+    assert group.replaced[str(rerun)].path == slow

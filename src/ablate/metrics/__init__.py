@@ -1,2 +1,3 @@
-"""Measurement: FLOPs/MFU (flops.py), memory and fragmentation (memory.py), step timing (timing.py),
-GPU utilisation from NVML (nvml.py). Each exposes plain functions the training loop calls at log steps."""
+"""Measurement: FLOPs/MFU (flops.py), memory and fragmentation (memory.py), step and phase timing
+(timing.py), steady-state speed and stalls from the median step (steady.py), the peak (peak.py),
+communication (comm.py), traces (profile.py, overlap.py), all gathered by meter.py at log steps."""
