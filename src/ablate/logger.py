@@ -71,7 +71,7 @@ def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
                else str(value))
         repeat = sweep.get("repeat")
         name = f"{sweep['name']} {sweep['knob']}={value}" + (f" r{repeat}" if repeat is not None else "")
-        tags = [f"arm:{arm}"] + ([f"repeat:{repeat}"] if repeat is not None else [])
+        tags = [f"sweep:{sweep['name']}", f"arm:{arm}"] + ([f"repeat:{repeat}"] if repeat is not None else [])
         return {"name": name, "tags": tags, "group": sweep["name"]}
     return {"name": run_dir.name, "tags": [], "group": None}
 

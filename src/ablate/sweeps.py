@@ -193,8 +193,10 @@ def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, s
     if left is not None and left < 10:
         return None
     timeout = min((t for t in (run_timeout, left) if t is not None), default=None)
+    root = run_dir.parent.parent
+    group = [] if any(o.startswith("logger.group=") for o in combo) else [f"logger.group='{name}-{root.name}'"]
     cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
-           f"sweep.repeat={r}", f"metrics.peak_cache={run_dir.parent.parent / 'peak_flops.json'}"]
+           f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}", *group]
     t0 = time.monotonic()
     result = run_bounded(cmd, env, timeout)
     spec = load(name).get("sweep", {}).get("batch_search")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.report import noise, outliers, stats
+from ablate.report import noise, outliers, stats, wandb_view
 from ablate.report import output as report_output
 from ablate.report import runs as R
 
@@ -263,6 +263,8 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--out", type=Path, help="where report.md/.csv/PNG go (default: the first directory)")
     parser.add_argument("--mixed-hardware", action="store_true",
                         help="pair runs made on different hardware (refused by default)")
+    parser.add_argument("--wandb", action="store_true", help="save the W&B workspace of these runs to their project "
+                        "(online; after `wandb sync` of offline runs)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     missing = [d for d in args.dirs if not d.is_dir()]
     if missing:
@@ -285,6 +287,20 @@ def main(argv: List[str] = None) -> int:
     write_csv(out / "report.csv", report["checks"])
     report_output.print_table(report)
     print(f"report: {path} (and report.csv, {len(report['groups'])} PNG)")
+    where = wandb_view.wandb_runs(report)
+    if where:   # the runs went to W&B: their view as code, and the verdicts as a run of the same group
+        spec = wandb_view.write_spec(out, report, where)
+        run_id = wandb_view.log_report_run(out, report, where, sorted(out.glob("*.png")))
+        print(f"W&B: workspace spec {spec}; verdicts in the report run {run_id} ({where['mode']}, group "
+              f"{', '.join(where['groups'])}); `--wandb` saves the workspace to the project")
+    if args.wandb:
+        return wandb_view.push(report, where) if where else _no_wandb_runs()
     return 0
+
+
+def _no_wandb_runs() -> int:
+    print("ablate.report: error: --wandb: none of these runs was logged to W&B (they ran with logger=none)",
+          file=sys.stderr)
+    return 2
 
 

@@ -19,8 +19,8 @@ NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics
 
 
 # folders inside a run that hold config.yaml files of their own: a checkpoint, a run's batch search
-# (sweeps.batch_search) and that search's trials
-NOT_A_RUN = {"checkpoint", "max_batch", "max_batch_trials"}
+# (sweeps.batch_search) and that search's trials, W&B's own files (the report run's, under the report dir)
+NOT_A_RUN = {"checkpoint", "max_batch", "max_batch_trials", "wandb"}
 
 
 @dataclass

@@ -60,7 +60,8 @@ class FreshProcessLauncher(Launcher):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
             run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
             # the directory quoted: Hydra's override_dirname holds '=' and ','
-            command = [sys.executable, "-m", "ablate", *overrides, "hydra.mode=RUN", f"hydra.run.dir='{run_dir}'"]
+            command = [sys.executable, "-m", "ablate", *overrides, "hydra.mode=RUN", f"hydra.run.dir='{run_dir}'",
+                       *call_group(sweep_config)]
             env = {**os.environ, "ABLATE_PREFLIGHT_DONE": "1"}
             if sweep_config.launcher.name == "slurm":   # this point becomes a task of the sweep's job array
                 array_points.append(Path(str(sweep_config.hydra.sweep.dir)) / ".slurm_array" / f"{idx}.pkl")
@@ -74,6 +75,15 @@ class FreshProcessLauncher(Launcher):
         if array_points:
             submit_array(array_points, Path(str(self.config.hydra.sweep.dir)))
         return runs
+
+
+def call_group(cfg: DictConfig) -> List[str]:
+    """One W&B group per call (unless logger.group is given): `<sweep name>-<sweep folder>` for a sweeps/
+    file, `multirun-<sweep folder>` for an ad-hoc grid; the sweep's name stays a tag (logger.py)."""
+    if cfg.logger.get("group") is not None:
+        return []
+    prefix = (cfg.get("sweep") or {}).get("name") or "multirun"
+    return [f"logger.group='{prefix}-{Path(str(cfg.hydra.sweep.dir)).name}'"]
 
 
 def submit_array(points: List[Path], sweep_dir: Path) -> None:

@@ -1,0 +1,118 @@
+"""The W&B side of a report: the workspace of a sweep built as code, and a `report` run with the verdicts.
+
+- `D/wandb_workspace.json`: a W&B workspace (wandb-workspaces) per call: one section per claim, a bar
+  panel per checked metric grouped by arm (mean with stderr error bars over repeats), tokens/s and loss
+  against `step`, the run set filtered to the call's W&B group(s) and grouped by arm. Built offline;
+  `python -m ablate.report D --wandb` saves it to the project and prints its URL (after `wandb sync`).
+- A run of job_type `report` in the same group logs the verdict table (`verdicts`, a wandb.Table:
+  claim, check, claimed, expected here, measured, interval, n, verdict) and the report's PNGs; offline
+  when W&B is, its files under D/wandb/.
+Only when the runs were logged to W&B (their summary has a `wandb` group): `logger=none` runs get neither.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ablate import units
+from ablate.config import LoggerConfig
+from ablate.logger import wandb_mode
+
+SPEC_FILE = "wandb_workspace.json"
+VERDICT_COLUMNS = ["claim", "check", "claimed", "expected here", "measured", "interval", "n", "verdict"]
+
+
+def wandb_runs(report: Dict) -> Dict[str, object]:
+    """{group, project, entity, mode} of the runs' W&B side, or {} when none was logged to W&B."""
+    logged = [r for r in report["runs"] if (r.summary.get("wandb") or {}).get("group")]
+    if not logged:
+        return {}
+    logger = logged[0].config.get("logger") or {}
+    return {"groups": sorted({r.summary["wandb"]["group"] for r in logged}), "project": logger.get("project"),
+            "entity": logger.get("entity"), "mode": logged[0].summary["wandb"].get("mode", "offline")}
+
+
+def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = None):
+    """The wandb_workspaces.Workspace of these runs (entity: the project's owner, when known)."""
+    import wandb_workspaces.reports.v2 as wr
+    import wandb_workspaces.workspaces as ws
+
+    sections = []
+    for group in report["groups"]:
+        checks = [c for c in report["checks"] if c.sweep == group.name]
+        knob = group.sweep.get("knob", "")
+        panels = [wr.BarPlot(title=f"{c.metric}: {c.what or c.metric} ({c.verdict})", metrics=[c.metric],
+                             groupby=f"config.{knob}" if knob and "," not in knob else None,
+                             groupby_aggfunc="mean", groupby_rangefunc="stderr")
+                  for c in _unique(checks)]
+        panels += [wr.LinePlot(title=f"{m} against step", x="step", y=[m]) for m in ("tokens_per_s", "loss")]
+        sections.append(ws.Section(name=f"{group.sweep.get('claim', '—')} {group.sweep.get('technique', '')} "
+                                        f"({group.name})", panels=panels, is_open=True))
+    groups = where["groups"]
+    knobs = [g.sweep.get("knob", "") for g in report["groups"] if "," not in g.sweep.get("knob", ",")]
+    runset = ws.RunsetSettings(filters=" or ".join(f"Group = '{g}'" for g in groups),
+                               groupby=[ws.Config(knobs[0])] if knobs else [])
+    return ws.Workspace(entity=entity or where.get("entity") or "your-entity", project=where.get("project") or "ablate",
+                        name=f"ablate: {', '.join(groups)}"[:120], sections=sections, runset_settings=runset)
+
+
+def _unique(checks):
+    seen, out = set(), []
+    for c in checks:
+        if c.metric not in seen:
+            seen.add(c.metric)
+            out.append(c)
+    return out
+
+
+def write_spec(out: Path, report: Dict, where: Dict[str, object]) -> Path:
+    path = out / SPEC_FILE
+    path.write_text(json.dumps(workspace(report, where)._spec, indent=1))
+    return path
+
+
+def verdict_rows(checks) -> List[list]:
+    rows = []
+    for c in checks:
+        ends = [units.effect(c.effect_kind, v, c.metric) for v in (c.ci_low, c.ci_high)]
+        interval = f"[{ends[0]}, {ends[1]}]" if c.ci_low is not None and not c.exact else ""
+        rows.append([c.claim, f"{c.metric}: {c.what}", "no claim" if c.claimed is None else
+                     units.effect(c.effect_kind, c.claimed, c.metric),
+                     units.effect(c.effect_kind, c.expected_here, c.metric) if c.expected_here is not None else "",
+                     units.effect(c.effect_kind, c.measured, c.metric), interval, c.n, c.verdict])
+    return rows
+
+
+def log_report_run(out: Path, report: Dict, where: Dict[str, object], pictures: List[Path]) -> Optional[str]:
+    """The `report` run: the verdict table and the plots, in the runs' group; its id, or None when W&B
+    would not start (said in one line: the report's own files are written anyway)."""
+    import wandb
+
+    try:
+        run = wandb.init(project=where.get("project"), entity=where.get("entity"), group=where["groups"][0],
+                         job_type="report", name=f"report {', '.join(where['groups'])}"[:120], dir=str(out),
+                         mode="online" if where.get("mode") == "online" else "offline", tags=["report"],
+                         settings=wandb.Settings(console="off", quiet=True, silent=True, x_disable_stats=True))
+    except Exception as e:   # the report stands without W&B
+        print(f"ablate.report: warning: no W&B report run ({type(e).__name__}: {str(e)[:160]})")
+        return None
+    with run:
+        run.log({"verdicts": wandb.Table(columns=VERDICT_COLUMNS, data=verdict_rows(report["checks"])),
+                 **{f"plots/{p.stem}": wandb.Image(str(p)) for p in pictures if p.exists()}})
+        return run.id
+
+
+def push(report: Dict, where: Dict[str, object]) -> int:
+    """`--wandb`: save the workspace to the project (online); one line of what it needs when it cannot."""
+    import wandb
+
+    if wandb_mode(LoggerConfig()) != "online":   # the same credential rule as the runs
+        print("ablate.report: error: --wandb needs W&B credentials (wandb login, or WANDB_API_KEY) and the runs "
+              "uploaded first (wandb sync <dir>/*/*/wandb/offline-run-*); the view is in wandb_workspace.json",
+              file=sys.stderr)
+        return 2
+    saved = workspace(report, where, entity=where.get("entity") or wandb.Api().default_entity).save()
+    print(f"W&B workspace: {saved.url}")
+    return 0
