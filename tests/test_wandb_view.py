@@ -1,6 +1,10 @@
 """The W&B view (#25): one group per call, the workspace of a sweep built as code (wandb-workspaces, read
 back from its spec), and the verdicts as a `report` run written by the real wandb, offline."""
+import glob
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +78,27 @@ def test_an_adhoc_multirun_groups_its_runs_by_call(tmp_path):
     files = sorted(tmp_path.glob("call7/*/wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2
     assert {digest(f)["run"].run_group for f in files} == {"multirun-call7"}
+    # the README's upload line for a whole call (a shell glob), as wandb itself reads it
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    dry = subprocess.run([str(wandb_cli), "sync", "--dry-run", *glob.glob(f"{tmp_path}/call7/*/wandb/offline-run-*")],
+                         capture_output=True, text=True, timeout=120)
+    assert "Would sync 2 run(s)" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+
+
+def test_a_grid_over_two_knobs_gets_a_parallel_coordinates_panel(tmp_path, monkeypatch):
+    from test_report import fake_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for precision in ("fp32", "bf16"):
+        for par in ("ddp_sync", "ddp"):
+            run = fake_run(tmp_path, f"{precision}_{par}", {"precision": {"name": precision}, "parallel": {"name": par},
+                                                            "logger": {"project": "ablate-test"}},
+                           tokens_per_s=1.0, wandb={"group": "multirun-g", "mode": "offline"})
+            assert run.exists()
+    assert report.main([str(tmp_path)]) == 0
+    (section,) = json.loads((tmp_path / "wandb_workspace.json").read_text())["spec"]["section"]["panelBankConfig"][
+        "sections"]
+    (coords,) = [p for p in section["panels"] if p["viewType"] == "Parallel Coordinates Plot"]
+    assert [c["accessor"] for c in coords["config"]["columns"]] == [
+        "config:parallel.value.name", "config:precision.value.name", "summary:tokens_per_s"]

@@ -2,7 +2,8 @@
 
 - `D/wandb_workspace.json`: a W&B workspace (wandb-workspaces) per call: one section per claim, a bar
   panel per checked metric grouped by arm (mean with stderr error bars over repeats), tokens/s and loss
-  against `step`, the run set filtered to the call's W&B group(s) and grouped by arm. Built offline;
+  against `step`, for a grid over several knobs a parallel-coordinates panel from the knobs to tokens/s;
+  the run set filtered to the call's W&B group(s) and grouped by arm. Built offline;
   `python -m ablate.report D --wandb` saves it to the project and prints its URL (after `wandb sync`).
 - A run of job_type `report` in the same group logs the verdict table (`verdicts`, a wandb.Table:
   claim, check, claimed, expected here, measured, interval, n, verdict) and the report's PNGs; offline
@@ -48,6 +49,11 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
                              groupby_aggfunc="mean", groupby_rangefunc="stderr")
                   for c in _unique(checks)]
         panels += [wr.LinePlot(title=f"{m} against step", x="step", y=[m]) for m in ("tokens_per_s", "loss")]
+        knobs = [k.split("=")[0].strip() for k in knob.split(",")] if "," in knob else []
+        if knobs:   # a grid over several knobs: each run's path from its settings to its speed
+            panels.append(wr.ParallelCoordinatesPlot(title="knobs -> tokens/s", columns=[
+                *(wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in knobs),
+                wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))]))
         sections.append(ws.Section(name=f"{group.sweep.get('claim', '—')} {group.sweep.get('technique', '')} "
                                         f"({group.name})", panels=panels, is_open=True))
     groups = where["groups"]
