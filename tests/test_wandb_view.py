@@ -99,6 +99,7 @@ def test_a_grid_over_two_knobs_gets_a_parallel_coordinates_panel(tmp_path, monke
     assert report.main([str(tmp_path)]) == 0
     (section,) = json.loads((tmp_path / "wandb_workspace.json").read_text())["spec"]["section"]["panelBankConfig"][
         "sections"]
+    assert "factorial" in section["name"]                   # a full 2x2 grid: analysed as a factorial
     (coords,) = [p for p in section["panels"] if p["viewType"] == "Parallel Coordinates Plot"]
     assert [c["accessor"] for c in coords["config"]["columns"]] == [
         "config:parallel.value.name", "config:precision.value.name", "summary:tokens_per_s"]

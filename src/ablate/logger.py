@@ -60,6 +60,12 @@ def _knob_value(config: Dict, dotted: str):
     return node
 
 
+def _level(config: Dict, knob: str):
+    """A factor's level: a config group's chosen `name`, else the dotted key's value."""
+    node = _knob_value(config, knob)
+    return node.get("name") if isinstance(node, dict) else node
+
+
 def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
     """W&B display name, extra tags and group: from the knob's value for a sweep's run (`c3_no_sync
     parallel.no_sync=true r1`, tags arm:treatment, repeat:1); from the run dir (Hydra's override_dirname)
@@ -73,6 +79,17 @@ def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
         name = f"{sweep['name']} {sweep['knob']}={value}" + (f" r{repeat}" if repeat is not None else "")
         tags = [f"sweep:{sweep['name']}", f"arm:{arm}"] + ([f"repeat:{repeat}"] if repeat is not None else [])
         return {"name": name, "tags": tags, "group": sweep["name"]}
+    if sweep.get("design") == "stack":   # a stack: its arm names the step
+        repeat = sweep.get("repeat")
+        return {"name": f"{sweep['name']} {sweep.get('arm')}" + (f" r{repeat}" if repeat is not None else ""),
+                "tags": [f"sweep:{sweep['name']}", f"arm:{sweep.get('arm')}"]
+                + ([f"repeat:{repeat}"] if repeat is not None else []), "group": sweep["name"]}
+    if sweep.get("factors"):   # a factorial sweep: the run's level of every factor
+        repeat = sweep.get("repeat")
+        levels = " ".join(f"{k}={_level(config, k)}" for k in sweep["factors"])
+        return {"name": f"{sweep['name']} {levels}" + (f" r{repeat}" if repeat is not None else ""),
+                "tags": [f"sweep:{sweep['name']}"] + ([f"repeat:{repeat}"] if repeat is not None else []),
+                "group": sweep["name"]}
     return {"name": run_dir.name, "tags": [], "group": None}
 
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from ablate import SWEEPS_DIR
+from ablate import SWEEPS_DIR, design
 from ablate.report import outliers
 
 SUITE_SUFFIX = ".yml"   # sweeps/<name>.yml lists sweeps (week4); sweeps/<name>.yaml is one sweep (a Hydra config)
@@ -90,20 +90,53 @@ def plan_runs(names: List[str], extra: List[str], repeats: int, order: str, seed
     register()
     runs = []
     for name in names:
-        preflight([f"+sweeps={name}", *extra])       # one line and nothing run, on any bad point
-        with hydra_context():
-            combos = [[o for o in c if not o.startswith("sweep.repeat=")] for c in grid([f"+sweeps={name}", *extra])]
+        node = load(name).get("sweep", {})
+        if node.get("design") == "stack":   # arms listed by the file, not a grid: each checked like a grid point
+            combos = [[f"+sweeps={name}", *arm.overrides, f"sweep.arm={arm.label}", *extra]
+                      for arm in design.stack(node)]
+            for combo in combos:
+                preflight(combo)
+        else:
+            preflight([f"+sweeps={name}", *extra])       # one line and nothing run, on any bad point
+            with hydra_context():
+                combos = [[o for o in c if not o.startswith("sweep.repeat=")]
+                          for c in grid([f"+sweeps={name}", *extra])]
+            combos = in_design(name, combos)
         rng = random.Random(seed)
         for r in range(repeats):
             block = [c for c in combos if r == 0 or not (side_arms_once and is_side_arm(name, c))]
-            if order == "random":
+            if (order or ("random" if is_factorial(name) else "interleaved")) == "random":
                 rng.shuffle(block)
             runs += [(name, combo, r) for combo in block]
     return runs
 
 
+def load_design(combo: List[str]) -> Optional[str]:
+    name = next((o.split("=", 1)[1] for o in combo if o.startswith("+sweeps=")), None)
+    return load(name).get("sweep", {}).get("design") if name else None
+
+
+def is_factorial(name: str) -> bool:
+    """A factorial sweep runs in randomized blocks (one per repeat) unless --order says otherwise."""
+    return load(name).get("sweep", {}).get("design") == "factorial"
+
+
+def in_design(name: str, combos: List[List[str]]) -> List[List[str]]:
+    """A factorial sweep's grid cut to its design's points (a `fraction`); any other sweep's grid as is."""
+    s = load(name).get("sweep", {})
+    if s.get("design") != "factorial" or not s.get("fraction"):
+        return combos
+    cells = design.build(s["factors"], s["fraction"])
+    wanted = [set(cells.overrides(point)) for point in cells.points]
+    return [c for c in combos if any(w <= set(c) for w in wanted)]
+
+
 def _label(combo: List[str], extra: List[str]) -> str:
-    """The arm: the overrides that are not the sweep itself nor the caller's fixed extras."""
+    """The arm: its `sweep.arm` when it has one (a stack), else the overrides that are not the sweep itself
+    nor the caller's fixed extras."""
+    arm = next((o.split("=", 1)[1] for o in combo if o.startswith("sweep.arm=")), None)
+    if arm and load_design(combo) == "stack":
+        return arm
     fixed = {o.split("=", 1)[0] for o in extra}   # Hydra rewrites values (false -> False): compare keys
     return " ".join(o for o in combo if not o.startswith("+sweeps=") and o.split("=", 1)[0] not in fixed) or "default"
 
@@ -242,7 +275,9 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
     parser.add_argument("--repeats", type=int, default=1, help="runs per arm (default 1: no interval)")
     parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
-    parser.add_argument("--order", choices=("interleaved", "random"), default="interleaved")
+    parser.add_argument("--order", choices=("interleaved", "random"), default=None,
+                        help="interleaved (A B, A B, ...: the default) or random blocks (the default of a factorial "
+                             "design: each repeat a block in its own random order)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --order random")
     parser.add_argument("--run-timeout", type=float, help="seconds per run (and per batch search); a run past "
                         "it is killed and named, the sweep goes on")
@@ -271,7 +306,8 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.sweeps: error: --dir {root} already holds runs; choose another folder "
               f"(python -m ablate.report {root} reports on them)", file=sys.stderr)
         return 2
-    print(f"{len(runs)} runs ({args.repeats} repeat(s), {args.order}) into {root}", flush=True)
+    order = args.order or ("random blocks" if any(is_factorial(n) for n in expand(args.names)) else "interleaved")
+    print(f"{len(runs)} runs ({args.repeats} repeat(s), {order}) into {root}", flush=True)
     search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
     failed = run_all(runs, root, extra, {"ABLATE_PREFLIGHT_DONE": "1"}, args.run_timeout, args.until, search)
     from ablate import report

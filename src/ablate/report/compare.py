@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.report import noise, outliers, stats, wandb_view
+from ablate.report import effects, noise, outliers, stats, wandb_view, waterfall
 from ablate.report import output as report_output
 from ablate.report import runs as R
 
@@ -103,7 +103,7 @@ def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok:
     every = base + treat
     if not base or not treat:
         return "baseline or treatment runs missing"
-    hardware = {r.hardware for r in every}
+    hardware = {r.machine for r in every}
     if len(hardware) > 1 and not mixed_ok:
         return f"runs on different hardware ({' vs '.join(sorted(hardware))}): pass --mixed-hardware to pair them"
     if spec.get("gpu_only") and not every[0].on_gpu:
@@ -214,6 +214,7 @@ def build(dirs: List[Path], mixed_hardware: bool = False) -> Dict[str, object]:
     flagged = outliers.find(groups)
     checks = [check(g, spec, mixed_hardware, flagged) for g in groups for spec in g.sweep.get("checks", [])]
     return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks, "outliers": flagged,
+            "factorials": effects.find(runs), "stacks": waterfall.find(runs),
             "noise_floor": noise.floor(groups, checks, flagged),
             "arithmetic": arithmetic_checks() + article_mfu(groups)}
 
@@ -276,7 +277,7 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.report: error: nothing to compare: {len(report['unfinished'])} run(s) did not finish (no "
               f"summary.json): {shown}; continue one with python -m ablate train.resume=<its dir>", file=sys.stderr)
         return 2
-    if not report["checks"]:
+    if not report["checks"] and not report["factorials"] and not report["stacks"]:
         print(f"ablate.report: error: nothing to compare under {', '.join(map(str, args.dirs))}: no runs of a "
               "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
               file=sys.stderr)
@@ -285,6 +286,10 @@ def main(argv: List[str] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = report_output.write(out, report)
     write_csv(out / "report.csv", report["checks"])
+    if report["factorials"]:
+        effects.write_csv(out / "effects.csv", report["factorials"])
+    if report["stacks"]:
+        waterfall.write_csv(out / "waterfall.csv", report["stacks"])
     report_output.print_table(report)
     print(f"report: {path} (and report.csv, {len(report['groups'])} PNG)")
     where = wandb_view.wandb_runs(report)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ablate import units
-from ablate.report import noise, outliers, stats, timeline
+from ablate.report import effects, noise, outliers, stats, timeline, waterfall
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -130,6 +130,10 @@ def write(out: Path, report: Dict) -> Path:
     for group in report["groups"]:
         plot = draw(out, group, [c for c in report["checks"] if c.sweep == group.name])
         lines += group_section(group, plot, timelines(out, group))
+    for factorial in report.get("factorials") or []:
+        lines += effects.section(factorial, effects.draw(out, factorial))
+    for stack in report.get("stacks") or []:
+        lines += waterfall.section(stack, waterfall.draw(out, stack))
     lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in report["arithmetic"]]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -157,6 +161,9 @@ def panel_data(group, check) -> Dict[str, object]:
             "measured": measured_text(check), "unit": units.unit(check.metric, base or 1e9)[0]}
 
 
+PANELS_PER_ROW = 3   # wider figures squeeze the arms' labels into each other
+
+
 def draw(out: Path, group, checks) -> str:
     """One PNG per comparison, one panel per metric (a metric checked twice is drawn once)."""
     import matplotlib
@@ -169,9 +176,13 @@ def draw(out: Path, group, checks) -> str:
         if c.metric not in seen:
             seen.add(c.metric)
             panels.append(panel_data(group, c))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.6), squeeze=False)
-    for ax, p in zip(axes[0], panels):
+    cols = min(len(panels), PANELS_PER_ROW)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.9 * rows), squeeze=False)
+    for ax, p in zip(axes.flat, panels):
         _draw_panel(ax, p)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.suptitle(f"{group.sweep.get('claim', '')}: {group.sweep.get('technique', '')}  (knob: {group.sweep['knob']})",
                  fontsize=9)
     fig.tight_layout()
@@ -206,7 +217,9 @@ def _draw_panel(ax, p: Dict) -> None:
     if p["claimed_line"] is not None:
         ax.axhline(p["claimed_line"] / div, color="#c0392b", linestyle="--", linewidth=1, label="claimed")
         ax.legend(fontsize=7, loc="lower right")
-    ax.set_xticks(list(xs), [f"{a['label']}\n({a['role']}, n={a['n']})" for a in p["arms"]], fontsize=7)
+    many = len(p["arms"]) > 3   # long labels of many arms: slanted, so they do not overlap
+    ax.set_xticks(list(xs), [f"{_wrap(a['label'], 24)}\n({a['role']}, n={a['n']})" for a in p["arms"]],
+                  fontsize=6 if many else 7, rotation=30 if many else 0, ha="right" if many else "center")
     ax.set_ylabel(f"{p['metric']} ({label})" if label else p["metric"], fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
 

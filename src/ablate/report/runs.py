@@ -58,13 +58,24 @@ class Run:
         return str(self.summary.get("device", "cpu")).startswith("cuda")
 
     @property
-    def hardware(self) -> str:
-        """What the figures depend on: the device model and count (provenance when recorded)."""
+    def machine(self) -> str:
+        """The machine the figures depend on: the device model (and a CPU's cores), provenance when recorded.
+        Runs are paired only on one machine; the number of ranks is a knob, not the machine."""
         prov = self.summary.get("provenance") or {}
         device = prov.get("gpu_name") if self.on_gpu else prov.get("cpu_model")
         device = device or self.summary.get("device_name", "?")
         cores = f", {prov['cpu_cores']} cores" if not self.on_gpu and prov.get("cpu_cores") else ""
-        return f"{device}{cores} x{self.summary.get('world_size', 1)}"
+        return f"{device}{cores}"
+
+    @property
+    def hardware(self) -> str:
+        """The machine and the number of devices the run used."""
+        return f"{self.machine} x{self.summary.get('world_size', 1)}"
+
+    def level(self, knob: str):
+        """A factor's level: a config group's chosen `name`, else the dotted key's value."""
+        node = self.config.get(knob)
+        return node.get("name") if isinstance(node, dict) else self.knob(knob)
 
 
 @dataclass
@@ -141,21 +152,24 @@ def reruns(runs: List[Run]) -> Tuple[List[Run], Dict[str, Run]]:
     return [r for r in runs if id(r) not in originals], replaced
 
 
-def add_common_peak(group: Group) -> None:
-    """`mfu_common_peak` for every run of the group: its model FLOP rate over ONE peak, the baseline's
-    (median) peak_flops, so arms of different precisions compare as speeds; each run's own-peak `mfu`
-    stays beside it."""
-    base = group.arms.get("baseline") or next(iter(group.arms.values()), None)
-    peaks = [r.summary.get("peak_flops") for r in (base.runs if base else [])]
-    peaks = sorted(p for p in peaks if p)
+def common_peak(runs: List[Run], reference: List[Run]) -> None:
+    """`mfu_common_peak` for these runs: each run's model FLOP rate over ONE peak, the reference runs'
+    (median) peak_flops, so arms of different precisions compare as speeds (each run's own-peak `mfu`
+    stays beside it)."""
+    peaks = sorted(p for p in (r.summary.get("peak_flops") for r in reference) if p)
     if not peaks:
         return
     peak = peaks[len(peaks) // 2]
-    for arm in group.arms.values():
-        for run in arm.runs:
-            rate, fpt = run.summary.get("tokens_per_s_per_device"), run.summary.get("flops_per_token")
-            run.derived["mfu_common_peak"] = rate * fpt / peak if rate and fpt else None
-            run.derived["common_peak_flops"] = peak
+    for run in runs:
+        rate, fpt = run.summary.get("tokens_per_s_per_device"), run.summary.get("flops_per_token")
+        run.derived["mfu_common_peak"] = rate * fpt / peak if rate and fpt else None
+        run.derived["common_peak_flops"] = peak
+
+
+def add_common_peak(group: Group) -> None:
+    """common_peak for a group's arms against its baseline's peak."""
+    base = group.arms.get("baseline") or next(iter(group.arms.values()), None)
+    common_peak([r for arm in group.arms.values() for r in arm.runs], base.runs if base else [])
 
 
 def group_sweeps(runs: List[Run], replaced: Dict[str, Run] = None) -> List[Group]:
@@ -190,10 +204,28 @@ def flatten(node, prefix: str = "") -> Dict[str, object]:
 
 
 def inferred_knobs(runs: List[Run]) -> List[str]:
-    """Config keys whose values differ between these runs (the repeat axes and bookkeeping left out)."""
+    """What differs between these runs (the repeat axes and bookkeeping left out): a config group the user
+    switched counts once, as `<group>.name` (a 2x2x2 of groups is 3 knobs, not every leaf key they touch);
+    any other key that differs, as itself."""
     flat = [flatten(r.config) for r in runs]
     keys = sorted(set().union(*flat)) if flat else []
-    return [k for k in keys if not k.startswith(NOT_A_KNOB) and len({json.dumps(f.get(k)) for f in flat}) > 1]
+    differ = [k for k in keys if not k.startswith(NOT_A_KNOB) and len({json.dumps(f.get(k)) for f in flat}) > 1]
+    switched = {k.rsplit(".", 1)[0] for k in differ if k.endswith(".name") and k.count(".") == 1}
+    return [k for k in differ if k.endswith(".name") or k.split(".", 1)[0] not in switched]
+
+
+def adhoc_grid(runs: List[Run]) -> Optional[Tuple[Dict[str, list], List[Run]]]:
+    """Runs that are not of a sweeps/ file and form a full two-level grid over two or more knobs (a `-m`
+    grid): ({factor: [first level, second level]}, runs); the first run's levels are the reference."""
+    runs = [r for r in runs if not r.sweep.get("knob") and not r.sweep.get("design")]
+    knobs = [k[:-len(".name")] if k.endswith(".name") and k.count(".") == 1 else k for k in inferred_knobs(runs)]
+    if len(knobs) < 2:
+        return None
+    factors = {k: list(dict.fromkeys(json.dumps(r.level(k)) for r in runs)) for k in knobs}
+    cells = {tuple(json.dumps(r.level(k)) for k in knobs) for r in runs}
+    if any(len(v) != 2 for v in factors.values()) or len(cells) != 2 ** len(knobs):
+        return None
+    return {k: [json.loads(v) for v in levels] for k, levels in factors.items()}, runs
 
 
 ADHOC_CHECKS = [
@@ -210,9 +242,9 @@ ADHOC_CHECKS = [
 def group_adhoc(runs: List[Run]) -> Optional[Group]:
     """Runs that are not of a sweeps/ file: the knob(s) inferred from their configs; the first run's
     arm is the baseline, the next distinct one the treatment, any others drawn beside them."""
-    runs = [r for r in runs if not r.sweep.get("knob")]
+    runs = [r for r in runs if not r.sweep.get("knob") and not r.sweep.get("design")]
     knobs = inferred_knobs(runs)
-    if len(runs) < 2 or not knobs:
+    if len(runs) < 2 or not knobs or adhoc_grid(runs):   # a full grid gets a factorial analysis instead
         return None
     arms: Dict[str, Arm] = {}
     for run in runs:

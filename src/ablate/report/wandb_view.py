@@ -56,12 +56,25 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
                 wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))]))
         sections.append(ws.Section(name=f"{group.sweep.get('claim', '—')} {group.sweep.get('technique', '')} "
                                         f"({group.name})", panels=panels, is_open=True))
+    for factorial in report.get("factorials") or []:   # each factor's levels to the speed, run by run
+        columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(_config_key(factorial.runs[0], k)))
+                   for k in factorial.sweep["factors"]]
+        panels = [wr.ParallelCoordinatesPlot(title="factors -> tokens/s", columns=columns + [
+            wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))])]
+        panels += [wr.LinePlot(title=f"{m} against step", x="step", y=[m]) for m in ("tokens_per_s", "loss")]
+        sections.append(ws.Section(name=f"{factorial.sweep.get('technique', '')} ({factorial.name}, factorial)",
+                                   panels=panels, is_open=True))
     groups = where["groups"]
     knobs = [g.sweep.get("knob", "") for g in report["groups"] if "," not in g.sweep.get("knob", ",")]
     runset = ws.RunsetSettings(filters=" or ".join(f"Group = '{g}'" for g in groups),
                                groupby=[ws.Config(knobs[0])] if knobs else [])
     return ws.Workspace(entity=entity or where.get("entity") or "your-entity", project=where.get("project") or "ablate",
                         name=f"ablate: {', '.join(groups)}"[:120], sections=sections, runset_settings=runset)
+
+
+def _config_key(run, knob: str) -> str:
+    """A factor's config key in W&B: a config group's `name`, else the knob itself."""
+    return f"{knob}.name" if isinstance(run.config.get(knob), dict) else knob
 
 
 def _unique(checks):

@@ -1,0 +1,212 @@
+"""Main effects and interactions of a factorial sweep (sweeps/ files with `design: factorial`), with
+95% intervals from a linear model fitted by statsmodels.
+
+Each factor of two levels is coded -1 (its first level, the reference) / +1. Rates, bytes and times are
+modelled on the log scale, so a main effect is a ratio: level 2 over level 1, averaged over the other
+factors (exp(2b)); a 2-way interaction is a ratio of ratios (how much factor A's ratio changes when B
+moves to its second level: exp(4b)); a 3-way one, the change of that across the third (exp(8b)).
+Shares (data wait, MFU) are modelled on their value: a difference, a difference of differences.
+Terms: every main effect, every 2-way interaction and, in a full 2^3, the 3-way one; a fraction of
+resolution below V gives main effects only (its 2-way interactions are aliased). A term whose every
+repeat agrees exactly (bytes, calls) is `exact`. D/effects.csv columns: metric, term, estimate, ci_low,
+ci_high, n, kind, exact; `term` is a factor's knob as the sweep file writes it, interactions joined by ':'.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ablate import design, units
+from ablate.report import runs as R
+
+RESPONSES = ("tokens_per_s", "mfu_common_peak", "step_time_s", "mem_peak_bytes", "comm_bytes_per_step",
+             "comm_calls_per_step", "data_wait_frac")
+KINDS = {(True, 1): "ratio", (True, 2): "ratio of ratios", (True, 3): "ratio of ratios of ratios",
+         (False, 1): "difference", (False, 2): "difference of differences", (False, 3): "3-way difference"}
+FIELDS = ("metric", "term", "estimate", "ci_low", "ci_high", "n", "kind", "exact")
+
+
+@dataclass
+class Effect:
+    metric: str
+    term: str
+    estimate: float
+    ci_low: Optional[float]
+    ci_high: Optional[float]
+    n: int
+    kind: str
+    exact: bool
+
+
+@dataclass
+class Factorial:
+    name: str
+    sweep: Dict
+    runs: List[R.Run]
+    effects: List[Effect]
+    notes: List[str]
+
+
+def coded(runs: List[R.Run], factors: Dict[str, list]) -> np.ndarray:
+    """-1/+1 per run and factor (first level -1)."""
+    text = {k: [str(v).lower() for v in levels] for k, levels in factors.items()}
+    return np.array([[1.0 if str(r.level(k)).lower() == text[k][1] else -1.0 for k in factors] for r in runs])
+
+
+def terms(k: int, full: bool, resolution: Optional[int]) -> List[tuple]:
+    """Column index tuples of the model's terms."""
+    out = [(i,) for i in range(k)]
+    if resolution is None or resolution >= 5:
+        out += list(combinations(range(k), 2))
+    if full and k == 3:
+        out.append((0, 1, 2))
+    return out
+
+
+def fit(metric: str, y: List[float], x: np.ndarray, knobs: List[str], model_terms: List[tuple]) -> List[Effect]:
+    import statsmodels.api as sm
+
+    log_scale = not units.is_fraction(metric)
+    values = np.log(y) if log_scale else np.array(y)
+    design = np.column_stack([np.ones(len(y))] + [np.prod(x[:, list(t)], axis=1) for t in model_terms])
+    result = sm.OLS(values, design).fit()
+    exact = bool(np.allclose(result.resid, 0, atol=1e-9 * max(1.0, float(np.abs(values).max()))))
+    ci = result.conf_int(0.05) if result.df_resid > 0 else None
+    out = []
+    for j, t in enumerate(model_terms, start=1):
+        def to_effect(b: float, scale: int = 2 ** len(t)) -> float:
+            return math.exp(scale * b) if log_scale else scale * b
+
+        lo, hi = (to_effect(ci[j][0]), to_effect(ci[j][1])) if ci is not None else (None, None)
+        estimate = to_effect(result.params[j])
+        if exact:
+            lo = hi = estimate
+        out.append(Effect(metric, ":".join(knobs[i] for i in t), estimate, lo, hi, len(y),
+                          KINDS[(log_scale, len(t))], exact))
+    return out
+
+
+def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
+    factors = {k: list(v) for k, v in sweep["factors"].items()}
+    knobs, notes, effects = list(factors), [], []
+    if any(len(v) != 2 for v in factors.values()):
+        notes.append("effects are estimated for two-level factors only: this grid's runs are listed, not analysed")
+        return Factorial(name, sweep, runs, [], notes)
+    resolution = design.resolution(sweep["fraction"].split()) if sweep.get("fraction") else None
+    if resolution is not None and resolution < 5:
+        notes.append(f"a resolution-{resolution} fraction: 2-way interactions are aliased, main effects only")
+    x = coded(runs, factors)
+    reference = [r for r, row in zip(runs, x) if (row < 0).all()]
+    R.common_peak(runs, reference)
+    model_terms = terms(len(knobs), sweep.get("fraction") is None, resolution)
+    for metric in sweep.get("responses") or RESPONSES:
+        y = [r.metric(metric) for r in runs]
+        if any(v is None for v in y):
+            notes.append(f"{metric}: not recorded by every run (e.g. not measurable here)")
+            continue
+        if not units.is_fraction(metric) and min(y) <= 0:
+            notes.append(f"{metric}: zero in some runs, so no ratio")
+            continue
+        if len(y) <= len(model_terms) + 1:
+            notes.append(f"{metric}: {len(y)} runs for {len(model_terms) + 1} model terms: use --repeats 2 or more")
+            continue
+        effects += fit(metric, y, x, knobs, model_terms)
+    return Factorial(name, sweep, runs, effects, notes)
+
+
+def find(runs: List[R.Run]) -> List[Factorial]:
+    """The factorial sweeps among these runs, and an ad-hoc `-m` grid (runs.adhoc_grid) as one more."""
+    by_name: Dict[str, List[R.Run]] = {}
+    for run in runs:
+        if run.sweep.get("design") == "factorial":
+            by_name.setdefault(run.sweep["name"], []).append(run)
+    found = [analyse(name, by_name[name][0].sweep, by_name[name]) for name in sorted(by_name)]
+    grid = R.adhoc_grid(runs)
+    if grid:
+        factors, grid_runs = grid
+        found.append(analyse("grid", {"name": "grid", "claim": "—", "design": "factorial", "factors": factors,
+                                      "technique": f"ad-hoc grid over {', '.join(factors)}"}, grid_runs))
+    return found
+
+
+def write_csv(path: Path, analyses: List[Factorial]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for a in analyses:
+            for e in a.effects:
+                writer.writerow(asdict(e))
+
+
+def effect_text(e: Effect) -> str:
+    log_scale = e.kind.startswith("ratio")
+    show = (lambda v: f"x{v:.3g}") if log_scale else (lambda v: units.effect("difference", v, e.metric))
+    if e.exact:
+        return f"{show(e.estimate)} (exact)"
+    if e.ci_low is None:
+        return f"{show(e.estimate)} (no interval)"
+    return f"{show(e.estimate)} [{show(e.ci_low)}, {show(e.ci_high)}]"
+
+
+def section(a: Factorial, plot: Optional[str]) -> List[str]:
+    s = a.sweep
+    grid = (f"Fraction `{s['fraction']}`, resolution {design.resolution(s['fraction'].split())}"
+            if s.get("fraction") else "Full grid")
+    lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{a.name}`, factorial)", "",
+             "Factors: " + "; ".join(f"`{k}`: {' → '.join(map(str, v))}" for k, v in s["factors"].items())
+             + f". {len(a.runs)} runs. {grid}.",
+             "", "Effects (95% interval over a linear model; ratios are level 2 over level 1, averaged over the "
+             "other factors; an interaction is a ratio of ratios):", "",
+             "| metric | term | effect [95% CI] | kind | n |", "|---|---|---|---|---|"]
+    lines += [f"| {e.metric} | `{e.term}` | {effect_text(e)} | {e.kind} | {e.n} |" for e in a.effects]
+    lines += [""] + [f"- {n}" for n in a.notes]
+    return lines + (["", f"![{a.name}]({plot})"] if plot else [])
+
+
+def draw(out: Path, a: Factorial, metric: str = "tokens_per_s") -> Optional[str]:
+    """Main effects (geometric mean of the metric at each level) and 2-way interaction plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    knobs = list(a.sweep["factors"])
+    values = [r.metric(metric) for r in a.runs]
+    if not a.effects or any(v is None or v <= 0 for v in values):
+        return None
+    x = coded(a.runs, a.sweep["factors"])
+    logs = np.log(values)
+    pairs = list(combinations(range(len(knobs)), 2))
+    fig, axes = plt.subplots(2, max(len(knobs), len(pairs)), figsize=(3.2 * max(len(knobs), len(pairs)), 6),
+                             squeeze=False)
+    for i, knob in enumerate(knobs):
+        means = [math.exp(logs[x[:, i] == s].mean()) for s in (-1, 1)]
+        axes[0][i].plot([0, 1], means, "o-", color="#2a7ab0")
+        axes[0][i].set_xticks([0, 1], [str(v) for v in a.sweep["factors"][knob]], fontsize=8)
+        axes[0][i].set_title(f"main: {knob}", fontsize=8)
+    for j, (p, q) in enumerate(pairs):
+        for s, colour in ((-1, "#999999"), (1, "#c0392b")):
+            means = [math.exp(logs[(x[:, p] == t) & (x[:, q] == s)].mean()) for t in (-1, 1)]
+            label = f"{knobs[q]}={a.sweep['factors'][knobs[q]][s > 0]}"
+            axes[1][j].plot([0, 1], means, "o-", color=colour, label=label)
+        axes[1][j].set_xticks([0, 1], [str(v) for v in a.sweep["factors"][knobs[p]]], fontsize=8)
+        axes[1][j].set_title(f"{knobs[p]} x {knobs[q]}", fontsize=8)
+        axes[1][j].legend(fontsize=6)
+    for row in axes:
+        for ax in row:
+            ax.tick_params(labelsize=7)
+            if not ax.lines:
+                ax.axis("off")
+    axes[0][0].set_ylabel(f"{metric} (geometric mean)", fontsize=8)
+    fig.suptitle(f"{a.name}: main effects (top) and 2-way interactions (bottom) on {metric}", fontsize=9)
+    fig.tight_layout()
+    name = f"{a.name}.effects.png"
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
