@@ -52,7 +52,7 @@ pack() {   # everything under WORK as one archive in OUT (atomically), the repor
 [ "$INSTALL_ONLY" = 0 ] && trap pack EXIT
 
 # ---------------------------------------------------------------- 1. install: wheels, never the network
-if ! "$PY" -c "import hydra, omegaconf, submitit" 2>/dev/null; then
+if ! "$PY" -c "import hydra, omegaconf, submitit, pyDOE3" 2>/dev/null; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || die "Hydra is missing and $WHEELS has no wheels: run bash bench/fetch_wheels.sh where pip works, and carry $WHEELS"
   say "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE (--no-index)"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \

@@ -291,7 +291,8 @@ def main(argv: List[str] = None) -> int:
     if report["stacks"]:
         waterfall.write_csv(out / "waterfall.csv", report["stacks"])
     report_output.print_table(report)
-    print(f"report: {path} (and report.csv, {len(report['groups'])} PNG)")
+    tables = ["report.csv"] + [n for n in ("effects.csv", "waterfall.csv") if (out / n).exists()]
+    print(f"report: {path} (and {', '.join(tables)}, {len(list(out.glob('*.png')))} PNG)")
     where = wandb_view.wandb_runs(report)
     if where:   # the runs went to W&B: their view as code, and the verdicts as a run of the same group
         spec = wandb_view.write_spec(out, report, where)

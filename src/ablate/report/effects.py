@@ -85,7 +85,8 @@ def fit(metric: str, y: List[float], x: np.ndarray, knobs: List[str], model_term
 
         lo, hi = (to_effect(ci[j][0]), to_effect(ci[j][1])) if ci is not None else (None, None)
         estimate = to_effect(result.params[j])
-        if exact:
+        if exact:   # every run agrees: the estimate is exact, up to the float noise of log and exp
+            estimate = float(f"{estimate:.12g}")
             lo = hi = estimate
         out.append(Effect(metric, ":".join(knobs[i] for i in t), estimate, lo, hi, len(y),
                           KINDS[(log_scale, len(t))], exact))

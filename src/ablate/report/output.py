@@ -245,7 +245,17 @@ def print_table(report: Dict) -> None:
         vs = " (vs expected here)" if against_expected(c) else ""
         table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)),
                       f"[{colour[c.verdict]}]{c.verdict}{vs}")
-    Console().print(table)
+    if report["checks"]:
+        Console().print(table)
+    for factorial in report.get("factorials") or []:   # the throughput effects; every metric is in effects.csv
+        print(f"{factorial.name}: effects on tokens/s (level 2 over level 1; interactions as ratios of ratios):")
+        for e in (e for e in factorial.effects if e.metric == "tokens_per_s"):
+            print(f"  {e.term:<32} {effects.effect_text(e)}")
+    for stack in report.get("stacks") or []:
+        print(f"{stack.name}: tokens/s step by step (change against the step before, or the full stack):")
+        for row in (r for r in stack.rows if r.metric == "tokens_per_s"):
+            print(f"  {row.kind:<14} {row.step:<12} {units.fmt(row.metric, row.value):>14}  "
+                  f"{waterfall.change_text(row)}")
     for c in report["checks"]:
         if c.verdict == "not measurable here":
             print(f"  {c.claim} {c.metric}: not measurable here: {c.reason}")

@@ -106,7 +106,7 @@ def write_csv(path: Path, stacks: List[Stack]) -> None:
                 writer.writerow(asdict(row))
 
 
-def _change_text(row: Row) -> str:
+def change_text(row: Row) -> str:
     if row.change is None:
         return "—"
     kind = "difference" if units.is_fraction(row.metric) and row.metric != "mfu_common_peak" else "ratio"
@@ -127,7 +127,7 @@ def section(s: Stack, plot: Optional[str]) -> List[str]:
         value = f"{units.fmt(row.metric, row.value)}" + (
             f" [{units.fmt(row.metric, row.ci_low)}, {units.fmt(row.metric, row.ci_high)}]" if row.ci_low is not None
             else "") + f" (n={row.n})"
-        lines.append(f"| {row.kind} | {row.step} | {row.metric} | {value} | {_change_text(row)} |")
+        lines.append(f"| {row.kind} | {row.step} | {row.metric} | {value} | {change_text(row)} |")
     return lines + (["", f"![{s.name}]({plot})"] if plot else [])
 
 
