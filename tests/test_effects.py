@@ -119,3 +119,24 @@ def test_the_number_of_ranks_is_a_knob_not_the_hardware(tmp_path):
     fake_run(tmp_path, "two", {"launcher": {"nproc_per_node": 2}}, world_size=2, tokens_per_s=180.0)
     speed_check = next(c for c in report.build([tmp_path])["checks"] if c.metric == "tokens_per_s")
     assert speed_check.verdict != "not measurable here" and speed_check.measured == pytest.approx(1.8)
+
+
+@pytest.mark.slow
+def test_a_real_two_by_two_grid_on_this_cpu_end_to_end(tmp_path):
+    """`python -m ablate -m precision=fp32,bf16 dataloader=naive,pinned train.seed=0,1`, then the report:
+    effects.csv with both main effects and their interaction, each with an interval."""
+    from conftest import run_cli, run_module
+
+    grid = tmp_path / "grid"
+    result = run_cli(["-m", "precision=fp32,bf16", "dataloader=naive,pinned", "train.seed=0,1", "logger=none",
+                      "train.steps=8", "train.warmup_steps=2", "metrics.gemm_probe_n=128",
+                      f"hydra.sweep.dir={grid}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = run_module("ablate.report", [str(grid)])
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "grid: effects on tokens/s" in shown.stdout
+    rows = {(r["metric"], r["term"]): r for r in csv.DictReader((grid / "effects.csv").open())}
+    for term in ("dataloader", "precision", "dataloader:precision"):
+        row = rows[("tokens_per_s", term)]
+        assert row["n"] == "8" and float(row["ci_low"]) <= float(row["estimate"]) <= float(row["ci_high"])
+    assert (grid / "grid.effects.png").exists()

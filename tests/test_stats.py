@@ -92,10 +92,10 @@ def test_repeats_needed_is_the_first_n_whose_half_width_fits():
 
 
 def test_error_bars_stay_in_range_for_rates_and_shares():
-    lo, hi = stats.spread([1960.0, 75000.0, 74000.0])        # a stalled run among three: still above zero
-    assert 0 < lo < hi
-    geo = math.exp(sum(map(math.log, (1960.0, 75000.0, 74000.0))) / 3)
-    assert lo < geo < hi
+    assert stats.spread([1960.0, 75000.0, 74000.0]) == (None, None)   # a stalled run among three: too wide
+    lo, hi = stats.spread([60000.0, 75000.0, 74000.0])       # on the log scale: above zero, around the
+    geo = math.exp(sum(map(math.log, (60000.0, 75000.0, 74000.0))) / 3)   # geometric mean
+    assert 0 < lo < geo < hi
     lo, hi = stats.spread([0.01, 0.5, 0.02], share=True)       # a share's bar stays inside (0, 1)
     assert 0 < lo < hi < 1
     lo, hi = stats.spread([-1.0, 1.0])                        # a level that may be negative: plain t

@@ -63,8 +63,11 @@ def listing() -> str:
             continue
         s, params = data.get("sweep", {}), (data.get("hydra", {}).get("sweeper", {}).get("params") or {})
         arms = ", ".join(f"{k}={v}" for k, v in params.items() if k != "sweep.repeat")
+        what = {"factorial": f"factorial: {arms}",
+                "stack": "stack: " + ", ".join(a.label for a in design.stack(s)) if s.get("design") == "stack" else ""
+                }.get(s.get("design"), f"knob: {s.get('knob')}; arms: {arms}")
         rows.append(f"{name:<14} {s.get('claim', ''):<3} {s.get('technique', '')}\n{'':<19}claim: "
-                    f"{s.get('claimed_text', '')}\n{'':<19}knob: {s.get('knob')}; arms: {arms}")
+                    f"{s.get('claimed_text', '')}\n{'':<19}{what}")
     return "\n".join(rows)
 
 

@@ -151,7 +151,7 @@ def effect_text(e: Effect) -> str:
     if e.exact:
         return f"{show(e.estimate)} (exact)"
     if e.ci_low is None:
-        return f"{show(e.estimate)} (no interval)"
+        return f"{show(e.estimate)} (no interval: as many runs as model terms)"
     return f"{show(e.estimate)} [{show(e.ci_low)}, {show(e.ci_high)}]"
 
 

@@ -152,12 +152,14 @@ def verdict(target: Optional[float], tolerance: float, better: str, est: Estimat
 
 def spread(values: Sequence[float], share: bool = False) -> Tuple[Optional[float], Optional[float]]:
     """A 95% interval of one arm's level (error bars in plots); None with one value. Positive quantities
-    (rates, bytes, times) on the log scale, shares on the logit scale, so neither leaves its range; other
-    values (a loss, a share that is exactly 0 or 1 somewhere) get a plain t-interval."""
+    (rates, bytes, times) on the log scale (none when wider than MAX_SPAN: n too small), shares on the
+    logit scale, so neither leaves its range; other values (a loss, a share that is exactly 0 or 1
+    somewhere) get a plain t-interval."""
     values = [v for v in values if v is not None]
     if share and values and all(0 < v < 1 for v in values):
         lo, hi = t_interval([math.log(v / (1 - v)) for v in values])
         return (None, None) if lo is None else (1 / (1 + math.exp(-lo)), 1 / (1 + math.exp(-hi)))
     if not share and values and all(v > 0 for v in values):
-        return log_interval(values)
+        lo, hi = log_interval(values)
+        return (None, None) if lo is None or hi / lo > MAX_SPAN else (lo, hi)   # n too small, as for effects
     return t_interval(values)

@@ -112,7 +112,7 @@ def change_text(row: Row) -> str:
     kind = "difference" if units.is_fraction(row.metric) and row.metric != "mfu_common_peak" else "ratio"
     text = units.effect(kind, row.change, row.metric)
     if row.change_ci_low is None:
-        return f"{text} (no interval)"
+        return f"{text} (n={row.n}: {'too small for an interval' if row.n > 1 else 'no interval'})"
     ends = [units.effect(kind, v, row.metric) for v in (row.change_ci_low, row.change_ci_high)]
     return f"{text} [{ends[0]}, {ends[1]}]"
 
