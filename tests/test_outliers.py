@@ -177,3 +177,34 @@ def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_reru
     group = report.build([root])["groups"][0]
     assert [r.path.name for r in group.arms["treatment"].runs][2] == "2_b_rerun"
     assert group.replaced[str(rerun)].path == slow
+
+
+@pytest.mark.slow
+def test_a_slowed_rank_is_named_the_straggler_though_ddp_evens_out_step_times(tmp_path):
+    """Rank 1 sleeps 50 ms before each step (ABLATE_INJECT_DELAY): both ranks' step times stay alike (the
+    all-reduce waits for it), its work before the first collective does not, and it is named."""
+    from conftest import run_cli
+
+    result = run_cli(["parallel=ddp", "launcher.nproc_per_node=2", "train.steps=12", "train.warmup_steps=2",
+                      "logger=none", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"],
+                     env={"ABLATE_INJECT_DELAY": "1:0.05"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    ranks = {r["rank"]: r for r in summary["per_rank"]}
+    assert all(r["step_time_s"] and r["step_time_p90_s"] for r in ranks.values())
+    assert ranks[1]["step_time_s"] < 1.5 * ranks[0]["step_time_s"]          # evened out by the all-reduce
+    assert ranks[1]["compute_before_comm_s"] > ranks[0]["compute_before_comm_s"] + 0.03
+    straggler = summary["straggler"]
+    assert straggler["rank"] == 1 and straggler["slowdown"] > 1.2 and straggler["by"] == "compute_before_comm_s"
+    assert "straggler: rank 1 on" in result.stderr
+
+
+def test_the_report_names_each_arms_straggler(tmp_path):
+    lagging = {"rank": 1, "host": "node2", "slowdown": 2.0, "seconds": 0.08, "others_s": 0.04,
+               "by": "compute_before_comm_s"}
+    for r in range(3):
+        aa_run(tmp_path, f"{r}_a", "a", r, 0.01, straggler=lagging if r else None)
+        aa_run(tmp_path, f"{r}_b", "b", r, 0.01, straggler=None)
+    report.main([str(tmp_path)])
+    md = (tmp_path / "report.md").read_text()
+    assert "| straggler |" in md and "rank 1 (node2) up to x2.00 in 2/3 runs" in md

@@ -119,6 +119,12 @@ SUMMARY_ROWS = ("loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu
                 "comm_bytes_per_step", "comm_calls_per_step", "nonfinite_steps", "scaler_skipped_steps")
 
 
+def straggler_line(s: Dict[str, object]) -> str:
+    what = "work before its first collective" if s["by"] == "compute_before_comm_s" else "step time"
+    return (f"straggler: rank {s['rank']} on {s['host']}, {what} x{s['slowdown']:.2f} the other ranks' "
+            f"({s['seconds'] * 1e3:.1f} ms vs {s['others_s'] * 1e3:.1f} ms)")
+
+
 def print_summary(summary: Dict[str, object]) -> None:
     table = Table(title="ablate run", show_header=True)
     table.add_column("figure")
@@ -132,6 +138,8 @@ def print_summary(summary: Dict[str, object]) -> None:
     console.print(table)
     if len(summary.get("hosts") or []) > 1:
         console.print("ranks: " + ", ".join(f"{host} {ranks}" for host, ranks in summary["ranks_by_host"].items()))
+    if summary.get("straggler"):
+        console.print(straggler_line(summary["straggler"]), soft_wrap=True)
     console.print(f"run dir: {summary.get('run_dir')}", soft_wrap=True)
     w = summary.get("wandb") or {}
     if w.get("url"):

@@ -218,6 +218,9 @@ class MetricsConfig:
     # [start, count]: trace training steps start..start+count-1 with torch.profiler (traces/rank{N}.json.gz)
     # and measure exposed communication and data wait from the trace; null: off
     profile_steps: Optional[List[int]] = None
+    # a rank whose work before its first collective (compute + data) is over this factor of the other ranks'
+    # median is named in summary.json's `straggler` (metrics/steady.py)
+    straggler_factor: float = num(1.2, 1, low_open=True)
 
     def __post_init__(self):
         check_ranges(self, "metrics")

@@ -70,6 +70,8 @@ class Meter:
         if totals:   # a resumed run: the figures cover every attempt's measured steps
             self.totals.update({k: v for k, v in totals.items() if k in self.totals})
         self.step_times = StepTimes(device, self.totals["step_times"])
+        self.before_comm: list = []          # per measured step: host seconds before its first collective
+        self._host_t0: Optional[float] = None
         self.last: Dict[str, object] = {}
         self.util_samples = []
         self.mem_max: Dict[str, Optional[int]] = {}
@@ -87,10 +89,15 @@ class Meter:
     def step_begins(self, step: int) -> None:
         if self.measuring:
             self.step_times.begin(step)
+            self.strategy.comm.first_at = None       # the step's first collective is stamped by the counter
+            self._host_t0 = time.perf_counter()
 
     def on_step(self, grad_norm: Optional[torch.Tensor]) -> None:
         """`grad_norm` None: the engine did not measure one (then only the loss says a step was bad)."""
         self.step_times.end()
+        if self._host_t0 is not None:   # work before the first collective (steady.py: stragglers)
+            self.before_comm.append((self.strategy.comm.first_at or time.perf_counter()) - self._host_t0)
+            self._host_t0 = None
         self.grad_norm = grad_norm.detach() if grad_norm is not None else None
         bad = self._step_bad if grad_norm is None else self._step_bad | ~torch.isfinite(self.grad_norm)
         self._consecutive = torch.where(bad, self._consecutive + 1, torch.zeros_like(self._consecutive))
@@ -214,7 +221,7 @@ class Meter:
             robust = self._rates(steps["step_time_s"] * t["steps"], t["steps"], t["tokens"], t["flops"],
                                  t["hw_flops"], t["wait"], t["copy"], phases)
             out.update({k: robust[k] for k in STEADY_KEYS})
-        out.update(steps)
+        out.update(steps, compute_before_comm_s=steady.median_or_none(self.before_comm))
         if steps["stalls"]:
             self.notes["step_time_s"] = f"the median steady step; {steady.describe(steps['stalls'])}"
         self.invalid.update(invalid_utilizations(out, self.peak.source))

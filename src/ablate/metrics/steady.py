@@ -8,14 +8,21 @@ to summary.json:
 - `step_time_mean_s`, `tokens_per_s_wall`: wall time over the measured steps (stalls, log steps and
   checkpoints included);
 - `stalls`: every step over STALL_FACTOR x the median, as {step, seconds, x_median}; `stall_s`: the
-  time they took beyond the median.
+  time they took beyond the median;
+- `compute_before_comm_s`: the median host time from a step's start to its first collective (data and
+  compute before the rank joins the others; DDP's all-reduce evens out step times, this does not). On
+  CUDA it is the host's (launch) side; without collectives in a step, the step's time;
+- `straggler` (rank 0, from every rank's figures in `per_rank`): the rank whose work before the
+  collective is over `metrics.straggler_factor` x the other ranks' median and longer than them by over
+  STRAGGLER_MIN_SHARE of a step, as {rank, host, slowdown, seconds, others_s, by}; else null.
 """
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 STALL_FACTOR = 5.0   # "many times slower than the run's median": well past step-to-step jitter (<2x here)
+STRAGGLER_MIN_SHARE = 0.05   # a few ms before a collective that is fast anyway is not a straggler
 
 
 def figures(durations: List[List[float]]) -> Dict[str, object]:
@@ -29,6 +36,27 @@ def figures(durations: List[List[float]]) -> Dict[str, object]:
               for step, seconds in durations if median > 0 and seconds > STALL_FACTOR * median]
     return {"step_time_s": median, "step_time_p90_s": p90, "stalls": stalls,
             "stall_s": sum(s["seconds"] - median for s in stalls)}
+
+
+def median_or_none(values: List[float]):
+    return statistics.median(values) if values else None
+
+
+def straggler(per_rank: List[Dict[str, object]], factor: float) -> Optional[Dict[str, object]]:
+    """The slowest rank by its work before the collective (by its step time when that is missing), when it
+    is over `factor` x the other ranks' median; None otherwise, and with one rank."""
+    key = "compute_before_comm_s" if all(r.get("compute_before_comm_s") for r in per_rank) else "step_time_s"
+    timed = [r for r in per_rank if r.get(key)]
+    if len(timed) < 2:
+        return None
+    slowest = max(timed, key=lambda r: r[key])
+    others = statistics.median(r[key] for r in timed if r is not slowest)
+    step = statistics.median(r["step_time_s"] for r in timed if r.get("step_time_s")) if key != "step_time_s" \
+        else others
+    if others <= 0 or slowest[key] / others <= factor or slowest[key] - others <= STRAGGLER_MIN_SHARE * step:
+        return None
+    return {"rank": slowest["rank"], "host": slowest.get("host"), "slowdown": slowest[key] / others,
+            "seconds": slowest[key], "others_s": others, "by": key}
 
 
 def describe(stalls: List[Dict[str, float]]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,15 @@ from ablate.precision import Precision
 
 @dataclass
 class CommCounter:
-    """Collectives this rank issued for the data-parallel reduction, counted as they run."""
+    """Collectives this rank issued for the data-parallel reduction, counted as they run; `first_at` is when
+    (host perf_counter) the first one since the meter's step began was entered (straggler accounting)."""
     bytes: int = 0
     calls: int = 0
+    first_at: Optional[float] = None
 
     def add(self, nbytes: int, calls: int = 1) -> None:
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
         self.bytes += int(nbytes)
         self.calls += calls
 

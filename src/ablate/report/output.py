@@ -81,6 +81,16 @@ ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "mfu_common_peak", "data_wait_frac
                "comm_bytes_per_step", "nonfinite_steps", "scaler_skipped_steps")
 
 
+def stragglers(runs) -> str:
+    """'rank 1 x3.1 in 2/2 runs' (the report's straggler column), '—' when no run had one."""
+    found = [r.summary["straggler"] for r in runs if r.summary.get("straggler")]
+    if not found:
+        return "—"
+    ranks = sorted({f"rank {s['rank']} ({s['host']})" for s in found})
+    worst = max(s["slowdown"] for s in found)
+    return f"{', '.join(ranks)} up to x{worst:.2f} in {len(found)}/{len(runs)} runs"
+
+
 def common_peak_text(group) -> str:
     run = next((r for arm in group.arms.values() for r in arm.runs if r.derived.get("common_peak_flops")), None)
     if run is None:
@@ -107,12 +117,13 @@ def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
     lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{group.name}`)", "",
              f"Claimed: {s.get('claimed_text', '')}. Knob: `{s['knob']}`.", "", noise.within_text(noise.within(group)),
              "", common_peak_text(group), "",
-             "| arm | " + " | ".join(ARM_COLUMNS) + " |", "|---" * (len(ARM_COLUMNS) + 1) + "|"]
+             "| arm | " + " | ".join(ARM_COLUMNS) + " | straggler |", "|---" * (len(ARM_COLUMNS) + 2) + "|"]
     for role, arm in group.arms.items():
         cells = []
         for key in ARM_COLUMNS:
             values = [v for v in arm.values(key) if v is not None]
             cells.append(units.fmt(key, sorted(values)[len(values) // 2]) if values else "—")
+        cells.append(stragglers(arm.runs))
         lines.append(f"| {role} (`{arm.value}`, n={len(arm.runs)}) | " + " | ".join(cells) + " |")
     if group.unpaired:
         lines += ["", "Unpaired repeats (one arm has more runs; drawn, not in the effect): "

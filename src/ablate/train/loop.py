@@ -6,6 +6,7 @@ summary. Runs on every rank; rank 0 writes the run directory.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -17,7 +18,7 @@ from ablate.config import AblateConfig
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
-from ablate.metrics import comm
+from ablate.metrics import comm, steady
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
@@ -36,6 +37,12 @@ def build(cfg: AblateConfig, env: distributed.DistEnv):
     params = {"params": count_params(model, non_embedding=False), "params_non_embedding": count_params(model)}
     strategy = parallel.build(cfg.parallel, cfg.precision, model, cfg.train, env.device, env.world_size)
     return params, strategy
+
+
+def injected_delay() -> tuple:
+    """ABLATE_INJECT_DELAY=RANK:SECONDS makes that rank sleep before each step's work: a planted straggler."""
+    spec = os.environ.get("ABLATE_INJECT_DELAY")
+    return (int(spec.split(":")[0]), float(spec.split(":")[1])) if spec else (None, 0.0)
 
 
 def injected_failure():
@@ -72,6 +79,7 @@ class Loop:
     def run(self, start_step: int) -> None:
         t = self.cfg.train
         fail_rank, fail_step = injected_failure()
+        slow_rank, delay_s = injected_delay()
         first_measured = min(start_step + t.warmup_steps + 1, t.steps)
         self.meter.excluded["warmup"] = list(range(start_step + 1, first_measured))
         traced = set(self.profiler.traced_steps(start_step + 1))
@@ -83,6 +91,8 @@ class Loop:
             if (self.env.rank, step) == (fail_rank, fail_step):
                 raise RuntimeError(f"injected failure on rank {self.env.rank} at step {step} (ABLATE_INJECT_FAILURE)")
             self.meter.step_begins(step)
+            if self.env.rank == slow_rank:
+                time.sleep(delay_s)
             self.micro_steps()
             self.meter.clock.begin()
             grad_norm = self.strategy.step(measure_state=step == t.steps)
@@ -221,6 +231,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             {**distributed.place(env), "state_bytes": strategy.measured_state,
              "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
+             **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"]},
             env)
         strategy.close()
@@ -231,6 +242,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
                 **params, "numerics": strategy.numerics,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
+                "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
                 "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
