@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from ablate import SWEEPS_DIR, design
-from ablate.report import outliers
+from ablate.report import compare, outliers, sequential
 
 SUITE_SUFFIX = ".yml"   # sweeps/<name>.yml lists sweeps (week4); sweeps/<name>.yaml is one sweep (a Hydra config)
 
@@ -163,22 +163,23 @@ def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
 
 
 def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
-            until: Optional[float] = None, search: Optional[Dict] = None) -> List[str]:
+            until: Optional[float] = None, search: Optional[Dict] = None, first: int = 1) -> List[str]:
     """Every run in order, each a fresh process; `until` (a time.time()) skips what would start too late.
     Then each outlier run (report/outliers.py) is run once more, beside it, and paired in its place."""
     failed, started, done = [], time.monotonic(), {}
     env = {**os.environ, **(extra_env or {})}
-    for i, (name, combo, r) in enumerate(runs, 1):
+    for i, (name, combo, r) in enumerate(runs, first):
         label = _label(combo, extra)
         run_dir = run_dir_of(root, i, name, r, label)
         done[str(run_dir)] = (name, combo, r)
-        title = f"[{i}/{len(runs)}] {name} {label} r{r}"
+        title = f"[{i}/{len(runs) + first - 1}] {name} {label} r{r}"
         result = run_one(name, combo, r, run_dir, env, run_timeout, until, search)
         if result is None:
             failed.append(f"{name} {label} r{r} (not run: out of time)")
             print(f"{title}: not run, the time given (--until) is up", flush=True)
             continue
-        eta = (time.monotonic() - started) / i * (len(runs) - i)
+        done_here = i - first + 1
+        eta = (time.monotonic() - started) / done_here * (len(runs) - done_here)
         say(title, result, run_dir, f", about {eta:.0f} s left")
         if result.returncode:
             failed.append(f"{name} {label} r{r}")
@@ -269,6 +270,27 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
     return result
 
 
+def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], args, search) -> Tuple[List[str], float]:
+    """--repeats auto: a block of repeats at a time; from --min-repeats on, a look at the verdicts (at the
+    corrected level) after each block, until every verdict is decided or --max-repeats."""
+    confidence, failed, looks, why = sequential.level(args.min_repeats, args.max_repeats), [], [], ""
+    for r in range(args.max_repeats):
+        block = [run for run in runs if run[2] == r]
+        failed += run_all(block, root, extra, env, args.run_timeout, args.until, search,
+                          first=sum(1 for run in runs if run[2] < r) + 1)
+        if r + 1 < args.min_repeats:
+            continue
+        looks.append(r + 1)
+        stop, why = sequential.decision(compare.build([root], level=confidence)["checks"], r + 1, args.max_repeats)
+        print(f"look at n={r + 1}: {why}", flush=True)
+        if stop:
+            break
+    sequential.write(root, {"level": confidence, "looks": looks, "stopped": why, "min_repeats": args.min_repeats,
+                            "max_repeats": args.max_repeats,
+                            "possible_looks": args.max_repeats - args.min_repeats + 1})
+    return failed, confidence
+
+
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -276,7 +298,10 @@ def main(argv: List[str] = None) -> int:
                                      epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
     parser.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
     parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per arm (default 1: no interval)")
+    parser.add_argument("--repeats", default="1", help="runs per arm (default 1: no interval), or auto: add "
+                        "repeats until every verdict is decided (report/sequential.py)")
+    parser.add_argument("--min-repeats", type=int, default=2, help="with --repeats auto: the first look")
+    parser.add_argument("--max-repeats", type=int, default=5, help="with --repeats auto: the last look")
     parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
     parser.add_argument("--order", choices=("interleaved", "random"), default=None,
                         help="interleaved (A B, A B, ...: the default) or random blocks (the default of a factorial "
@@ -294,12 +319,16 @@ def main(argv: List[str] = None) -> int:
     if args.list:
         print(listing())
         return 0
-    if not args.names or args.repeats < 1:
-        parser.error("give at least one sweep name (see --list) and --repeats >= 1")
+    auto = args.repeats == "auto"
+    if not args.names or not (auto or args.repeats.isdigit() and int(args.repeats) >= 1) \
+            or not 1 <= args.min_repeats <= args.max_repeats:
+        parser.error("give at least one sweep name (see --list) and --repeats >= 1 or auto "
+                     "(with 1 <= --min-repeats <= --max-repeats)")
+    repeats = args.max_repeats if auto else int(args.repeats)
     from ablate.config import ConfigError
 
     try:
-        runs = plan_runs(expand(args.names), extra, args.repeats, args.order, args.seed,
+        runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
                          side_arms_once=not args.repeat_side_arms)
     except ConfigError as e:
         print(f"ablate.sweeps: error: {e}", file=sys.stderr)
@@ -310,12 +339,16 @@ def main(argv: List[str] = None) -> int:
               f"(python -m ablate.report {root} reports on them)", file=sys.stderr)
         return 2
     order = args.order or ("random blocks" if any(is_factorial(n) for n in expand(args.names)) else "interleaved")
-    print(f"{len(runs)} runs ({args.repeats} repeat(s), {order}) into {root}", flush=True)
+    print(f"{len(runs)} runs ({'up to ' if auto else ''}{repeats} repeat(s), {order}) into {root}", flush=True)
     search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
-    failed = run_all(runs, root, extra, {"ABLATE_PREFLIGHT_DONE": "1"}, args.run_timeout, args.until, search)
+    env = {"ABLATE_PREFLIGHT_DONE": "1"}
+    if auto:
+        failed, confidence = run_until_decided(runs, root, extra, env, args, search)
+    else:
+        failed, confidence = run_all(runs, root, extra, env, args.run_timeout, args.until, search), 0.95
     from ablate import report
 
-    code = report.main([str(root)]) if root.exists() else 2
+    code = report.main([str(root), "--confidence", str(confidence)]) if root.exists() else 2
     if failed:
         print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
               file=sys.stderr)

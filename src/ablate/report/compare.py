@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.report import effects, noise, outliers, stats, wandb_view, waterfall
+from ablate.report import effects, noise, outliers, sequential, stats, wandb_view, waterfall
 from ablate.report import output as report_output
 from ablate.report import runs as R
 
@@ -119,11 +119,11 @@ def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok:
     return None
 
 
-def _judge(spec: Dict, base: List[R.Run], treat: List[R.Run], claimed, expected):
+def _judge(spec: Dict, base: List[R.Run], treat: List[R.Run], claimed, expected, level: float = 0.95):
     """(estimate, verdict) of one check on these pairs; (None, None) when no effect can be computed."""
     kind, metric = spec["effect"], spec["metric"]
     est = stats.estimate(kind, [r.metric(metric) for r in base], [r.metric(metric) for r in treat],
-                         exact=bool(spec.get("exact")))
+                         exact=bool(spec.get("exact")), level=level)
     if est is None:
         return None, None
     better = spec.get("better", BETTER.get(kind, "equal"))
@@ -132,13 +132,14 @@ def _judge(spec: Dict, base: List[R.Run], treat: List[R.Run], claimed, expected)
         if claimed is not None else "no claim"
 
 
-def _other_way(group: R.Group, spec: Dict, base, treat, flagged: Dict[str, str], claimed, expected) -> str:
+def _other_way(group: R.Group, spec: Dict, base, treat, flagged: Dict[str, str], claimed, expected,
+               level: float) -> str:
     """The check with the outliers the other way (outliers.alternative), as one phrase."""
     other = outliers.alternative(group, base, treat, flagged)
     if other is None:
         return ""
     what, b, t = other
-    est, verdict = _judge(spec, b, t, claimed, expected) if b else (None, None)
+    est, verdict = _judge(spec, b, t, claimed, expected, level) if b else (None, None)
     if est is None:
         return f"{what}: no pairs left"
     measured = report_output.effect_text(est.kind, spec["metric"], est.median, est.ci_low, est.ci_high, est.n,
@@ -146,7 +147,8 @@ def _other_way(group: R.Group, spec: Dict, base, treat, flagged: Dict[str, str],
     return f"{what}: {measured}, {verdict}"
 
 
-def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str, str] = None) -> Check:
+def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str, str] = None,
+          level: float = 0.95) -> Check:
     sweep, metric, kind = group.sweep, spec["metric"], spec["effect"]
     base, treat = group.pairs()
     claimed = None if spec.get("claimed") is None else float(spec["claimed"])
@@ -156,7 +158,7 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
     if reason is None:
         if spec.get("expected") in EXPECTED:
             expected = EXPECTED[spec["expected"]](base, treat)
-        est, verdict = _judge(spec, base, treat, claimed, expected)
+        est, verdict = _judge(spec, base, treat, claimed, expected, level)
         reason = None if est else f"no {kind} of {metric}: the baseline is 0"
     if est is None:
         verdict = "not measurable here"
@@ -173,7 +175,7 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
                  "; ".join(sorted({r.hardware for r in every})), " ".join(str(r.path) for r in every),
                  " ".join(r.path.name for r in every if str(r.path) in (flagged or {}))
                  + " ".join(group.replaced[str(r.path)].path.name for r in every if str(r.path) in group.replaced),
-                 _other_way(group, spec, base, treat, flagged or {}, claimed, expected) if est else "")
+                 _other_way(group, spec, base, treat, flagged or {}, claimed, expected, level) if est else "")
 
 
 def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:
@@ -203,7 +205,9 @@ def _unclaimed_expectation(est: stats.Estimate, expected, tolerance: float, bett
     return UNCLAIMED.get(judged, "").format(e=units.effect(est.kind, expected, metric))
 
 
-def build(dirs: List[Path], mixed_hardware: bool = False) -> Dict[str, object]:
+def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -> Dict[str, object]:
+    """Everything the report shows; `level`: the intervals' confidence (ablate.sweeps --repeats auto
+    passes a corrected one, report/sequential.py)."""
     found, unfinished = R.find(dirs)
     runs, replaced = R.reruns(found)
     groups = R.group_sweeps(runs, replaced)
@@ -212,11 +216,12 @@ def build(dirs: List[Path], mixed_hardware: bool = False) -> Dict[str, object]:
     for group in groups:
         R.add_common_peak(group)
     flagged = outliers.find(groups)
-    checks = [check(g, spec, mixed_hardware, flagged) for g in groups for spec in g.sweep.get("checks", [])]
+    checks = [check(g, spec, mixed_hardware, flagged, level) for g in groups for spec in g.sweep.get("checks", [])]
     return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks, "outliers": flagged,
             "factorials": effects.find(runs), "stacks": waterfall.find(runs),
             "noise_floor": noise.floor(groups, checks, flagged),
-            "arithmetic": arithmetic_checks() + article_mfu(groups)}
+            "arithmetic": arithmetic_checks() + article_mfu(groups), "level": level,
+            "sequential": sequential.read(dirs[0])}
 
 
 def arithmetic_checks() -> List[str]:
@@ -264,6 +269,8 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--out", type=Path, help="where report.md/.csv/PNG go (default: the first directory)")
     parser.add_argument("--mixed-hardware", action="store_true",
                         help="pair runs made on different hardware (refused by default)")
+    parser.add_argument("--confidence", type=float, default=0.95,
+                        help="the intervals' level (default 0.95; ablate.sweeps --repeats auto passes a corrected one)")
     parser.add_argument("--wandb", action="store_true", help="save the W&B workspace of these runs to their project "
                         "(online; after `wandb sync` of offline runs)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -271,7 +278,7 @@ def main(argv: List[str] = None) -> int:
     if missing:
         print(f"ablate.report: error: not a directory: {missing[0]}", file=sys.stderr)
         return 2
-    report = build(args.dirs, args.mixed_hardware)
+    report = build(args.dirs, args.mixed_hardware, args.confidence)
     if not report["checks"] and not report["runs"] and report["unfinished"]:
         shown = ", ".join(map(str, report["unfinished"][:3])) + (" ..." if len(report["unfinished"]) > 3 else "")
         print(f"ablate.report: error: nothing to compare: {len(report['unfinished'])} run(s) did not finish (no "

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ablate import units
-from ablate.report import effects, noise, outliers, stats, timeline, waterfall
+from ablate.report import effects, noise, outliers, sequential, stats, timeline, waterfall
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -42,6 +42,8 @@ def claimed_text(c) -> str:
 
 def header(report: Dict) -> List[str]:
     lines = ["# ablate report: claimed vs measured", "", noise.header_line(report["noise_floor"])]
+    if report.get("sequential"):
+        lines += ["", sequential.header_line(report["sequential"])]
     hardware = sorted({r.hardware for r in report["runs"]})
     lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", THRESHOLD_RULE, "",
               outliers.RULE, ""]
