@@ -54,3 +54,42 @@ def test_a_real_sweep_with_auto_repeats_stops_by_itself_and_says_why(tmp_path):
     assert record["stopped"].startswith(("every verdict decided at n=", "max repeats reached (n=3)"))
     assert "look at n=2: " in result.stdout
     assert "**Repeats: auto** — " + record["stopped"] in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_run_continues_where_it_stopped_and_a_third_call_reruns_nothing(tmp_path):
+    """kill -9 of the driver and its running child (a crash); the same command again keeps the finished
+    runs, sets the broken one aside (never deleted) and runs it again; once more, it runs nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    d = tmp_path / "D"
+    cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--repeats", "2", "--dir", str(d), "--",
+           "logger=none", "train.steps=40", "metrics.gemm_probe_n=128"]
+    driver = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while len(list(d.glob("aa_noise/*/summary.json"))) < 2 or not list(d.glob("aa_noise/003_*/metrics.jsonl")):
+        assert driver.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    child = subprocess.run(["pgrep", "-f", "hydra.run.dir=.*003_r1"], capture_output=True, text=True).stdout.split()
+    os.kill(driver.pid, signal.SIGKILL)
+    for pid in child:
+        os.killpg(int(pid), signal.SIGKILL)
+    driver.wait()
+    finished = {p: p.stat().st_mtime for p in d.glob("aa_noise/*/summary.json")}
+    assert len(finished) == 2
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished in an earlier call: kept") == 2
+    assert {p: p.stat().st_mtime for p in finished} == finished               # nothing finished run twice
+    assert len(list(d.glob("aa_noise/*/summary.json"))) == 4
+    assert list(d.glob("aa_noise/003_*.incomplete-1/metrics.jsonl"))         # the broken one kept, aside
+    third = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0 and third.stdout.count("finished in an earlier call: kept") == 4
+    other = subprocess.run(cmd[:5] + ["3"] + cmd[6:], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "holds another call's runs" in other.stderr

@@ -173,6 +173,12 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
         run_dir = run_dir_of(root, i, name, r, label)
         done[str(run_dir)] = (name, combo, r)
         title = f"[{i}/{len(runs) + first - 1}] {name} {label} r{r}"
+        kept = resume_point(run_dir)
+        if kept:
+            print(f"{title}: {kept}", flush=True)
+            if kept.startswith("still running"):
+                failed.append(f"{name} {label} r{r} ({kept})")
+            continue
         result = run_one(name, combo, r, run_dir, env, run_timeout, until, search)
         if result is None:
             failed.append(f"{name} {label} r{r} (not run: out of time)")
@@ -213,6 +219,45 @@ def say(title: str, result, run_dir: Path, tail: str = "") -> None:
 
 
 RERUN_SUFFIX = "_rerun"
+PLAN_FILE = "plan.json"   # the call's runs, in order: the same command on the same --dir continues it
+
+
+def resume_point(run_dir: Path) -> str:
+    """A run dir from an earlier call of this sweep: '' (run it), or why it is not run now. A finished run is
+    kept; one that did not finish is set aside as <dir>.incomplete-N (never deleted) and run again; one a
+    live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
+    from ablate.config import ConfigError
+    from ablate.train import guards
+
+    if (run_dir / "summary.json").exists():
+        return "finished in an earlier call: kept"
+    if not run_dir.exists():
+        return ""
+    try:
+        guards.check_unlocked(run_dir)
+    except ConfigError:
+        return "still running (another process holds it): not run again; rerun this command when it ends"
+    k = 1 + sum(1 for _ in run_dir.parent.glob(f"{run_dir.name}.incomplete-*"))
+    run_dir.rename(run_dir.with_name(f"{run_dir.name}.incomplete-{k}"))
+    return ""
+
+
+def claim_dir(root: Path, runs) -> str:
+    """The --dir for this call: new (its plan written), or an earlier call of the same plan (continued);
+    '' when fine, else why not."""
+    plan = [{"sweep": name, "overrides": combo, "repeat": r} for name, combo, r in runs]
+    path = root / PLAN_FILE
+    if path.exists():
+        if json.loads(path.read_text()) == plan:
+            return ""
+        return (f"--dir {root} holds another call's runs (a different sweep, repeats or overrides); choose another "
+                f"folder, or repeat that call's command to continue it")
+    if root.exists() and any(root.rglob("metrics.jsonl")):
+        return (f"--dir {root} already holds runs; choose another folder "
+                f"(python -m ablate.report {root} reports on them)")
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=1))
+    return ""
 
 
 def mark_rerun(original: Path, rerun: Path, reason: str) -> None:
@@ -334,9 +379,9 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.sweeps: error: {e}", file=sys.stderr)
         return 2
     root = args.dir or Path("multirun") / f"{'-'.join(args.names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
-    if root.exists() and any(root.rglob("metrics.jsonl")):
-        print(f"ablate.sweeps: error: --dir {root} already holds runs; choose another folder "
-              f"(python -m ablate.report {root} reports on them)", file=sys.stderr)
+    refused = claim_dir(root, runs)
+    if refused:
+        print(f"ablate.sweeps: error: {refused}", file=sys.stderr)
         return 2
     order = args.order or ("random blocks" if any(is_factorial(n) for n in expand(args.names)) else "interleaved")
     print(f"{len(runs)} runs ({'up to ' if auto else ''}{repeats} repeat(s), {order}) into {root}", flush=True)

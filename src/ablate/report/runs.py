@@ -124,8 +124,8 @@ def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
     for d in dirs:
         for config_path in sorted(Path(d).rglob("config.yaml")):
             run_dir = config_path.parent
-            if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN:
-                continue
+            if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN or ".incomplete-" in run_dir.name:
+                continue   # (a run a later call of its sweep set aside and ran again: ablate.sweeps)
             summary_path = run_dir / "summary.json"
             if summary_path.exists():
                 runs.append(Run(run_dir, json.loads(summary_path.read_text()), _load(config_path)))
