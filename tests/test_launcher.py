@@ -1,4 +1,6 @@
 """launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing."""
+import sys
+
 from conftest import run_cli
 
 
@@ -12,7 +14,12 @@ def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path):
                  "export PYTORCH_ALLOC_CONF=expandable_segments:True,max_split_size_mb:128"):
         assert line in script
     assert str(tmp_path / "sbatch.sh") in result.stdout
-    assert not (tmp_path / "slurm").exists()   # nothing submitted
+    assert list((tmp_path / "slurm").iterdir()) == []   # nothing submitted; its log folder made, for Slurm
+    # a script a user can submit as written: logs where Slurm can write, requeue, the profile's python
+    assert f"#SBATCH --output={tmp_path}/slurm/%j.out" in script and "#SBATCH --requeue" in script
+    assert "srun --unbuffered python -u -m ablate " in script and sys.executable not in script
+    assert "parallel=zero3" in script and f"hydra.run.dir={tmp_path}" in script
+    assert "launcher.dry_run=false" in script and 'RESUME=train.resume=' in script
 
 
 def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path):

@@ -172,3 +172,23 @@ def test_a_job_that_can_never_start_ends_the_wait_and_is_cancelled(tmp_path):
     job = last.split("Slurm job ")[1].split()[0]
     state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
     assert state in ("", "CANCELLED", "COMPLETING") and not (tmp_path / "run").exists()
+
+
+def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path):
+    """`launcher.dry_run=true` writes sbatch.sh; `sbatch sbatch.sh`, typed by a user, trains 2 ranks."""
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    run_dir = tmp_path / "run"
+    result = run_cli([*LOCAL_JOB, "launcher.dry_run=true", "train.steps=6",
+                      f"launcher.setup=[source {venv}/bin/activate]", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    submitted = subprocess.run(["sbatch", "--parsable", str(run_dir / "sbatch.sh")], capture_output=True, text=True,
+                               env={**slurm_cluster.SYSTEM_PATH, "HOME": os.environ.get("HOME", "/root")})
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 240
+    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(1)
+    log = (run_dir / "slurm" / f"{job}.err").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 6, log[-2000:]

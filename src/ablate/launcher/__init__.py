@@ -56,7 +56,8 @@ def launch_local(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict
 
 
 def launch_slurm(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
-    if rank_env().launched:   # a task of the job (or srun): train here
+    here = rank_env()
+    if here.launched or here.slurm_step is not None:   # a task of a job step (srun, the dry run's script): train here
         return train.run(cfg, run_dir, resolved, choices, applied)
     array_file = os.environ.pop("ABLATE_SLURM_ARRAY", None)
     if array_file:   # one point of a sweep: the sweep's launcher submits all points as one job array

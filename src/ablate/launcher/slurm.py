@@ -23,7 +23,7 @@ import submitit
 from submitit.helpers import Checkpointable
 
 from ablate.config import AblateConfig, ConfigError, LauncherConfig
-from ablate.launcher import cluster, environment
+from ablate.launcher import cluster, environment, script
 from ablate.launcher.failures import is_consequence
 from ablate.logger import uses_wandb
 from ablate.train import checkpoint, guards
@@ -113,16 +113,22 @@ def prepare(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str,
     return SlurmTrain(cfg, resolved, run_dir.resolve(), choices), params
 
 
+def task_overrides() -> list:
+    """The command line's overrides of this run (Hydra's record of them)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str],
            applied: Dict) -> Optional[Dict]:
+    if cfg.launcher.dry_run:   # a script a user can submit as written (launcher/script.py)
+        path = script.write(cfg, run_dir, applied, task_overrides())
+        print(f"dry run: the sbatch script is {path} (nothing submitted; `sbatch {path}` runs it)")
+        return {"dry_run": str(path)}
     train, params = prepare(cfg, resolved, run_dir, choices, applied)
     folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()
     executor = make_executor(cfg, folder, params)
-    if cfg.launcher.dry_run:
-        path = run_dir / "sbatch.sh"
-        path.write_text(sbatch_script(executor))
-        print(f"dry run: the sbatch script is {path} (nothing submitted)")
-        return {"dry_run": str(path)}
     job, = submit_jobs(executor, [train])
     print(f"submitted Slurm job {job.job_id}: log {job.paths.stdout}, run dir {run_dir}"
           + (f", W&B files under {run_dir}/wandb" if uses_wandb(cfg.logger) else ""), flush=True)

@@ -39,6 +39,7 @@ class RankEnv:
     launched: bool              # started as one rank of several (torchrun, srun, our launcher): train here
     slurm_tasks: int            # SLURM_NTASKS (1 outside a Slurm step)
     slurm_job: Optional[str]    # SLURM_JOB_ID inside a Slurm job (a requeued job resumes its own checkpoint)
+    slurm_step: Optional[str]   # SLURM_STEP_ID inside a job step (srun): a task of the job, train here
     submitit: bool              # started by submitit's sbatch script
 
     @property
@@ -57,6 +58,7 @@ def rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
                                         or local_rank + 1),
                    node_rank=int(environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or 0),
                    launched=launched, slurm_tasks=slurm_tasks, slurm_job=environ.get("SLURM_JOB_ID"),
+                   slurm_step=environ.get("SLURM_STEP_ID"),
                    submitit="SUBMITIT_EXECUTOR" in environ)
 
 

@@ -1,0 +1,66 @@
+"""The dry run's sbatch script (`launcher=slurm launcher.dry_run=true`): one a user can submit as written.
+
+`sbatch <run dir>/sbatch.sh` runs the same command inside the allocation: every task is one rank
+(`srun python -m ablate <the same overrides>`: a task inside a Slurm job step trains where it is,
+launcher/__init__.py). What it carries:
+- logs in <run dir>/slurm/, made when the script is written (Slurm does not create an --output folder);
+- `--requeue`, `--open-mode=append` and `--signal=USR2@<launcher.signal_delay_s>`: the loop checkpoints on
+  the warning and the job is requeued; a requeued attempt (SLURM_RESTART_COUNT > 0) resumes from the run
+  dir's checkpoint (train.resume);
+- `launcher.setup` lines first (e.g. `source /path/.venv/bin/activate`), then the `python` they put on the
+  PATH: never the submitting host's interpreter by its absolute path;
+- the allocator/NCCL variables as `export` lines, as submitit's own script has them.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Dict, List
+
+from ablate.config import AblateConfig
+
+# keys of the submitting command that the script sets itself
+OWN_KEYS = ("launcher.dry_run", "launcher.wait", "hydra.run.dir", "train.resume")
+
+
+def directives(cfg: AblateConfig, run_dir: Path) -> List[str]:
+    lc = cfg.launcher
+    out = {"job-name": f"ablate-{run_dir.name}", "nodes": lc.nodes, "ntasks-per-node": lc.nproc_per_node,
+           "cpus-per-task": lc.cpus_per_task, "time": lc.timeout_min,
+           "output": run_dir / "slurm" / "%j.out", "error": run_dir / "slurm" / "%j.err",
+           "signal": f"USR2@{lc.signal_delay_s}", "open-mode": "append"}
+    if lc.gpus_per_node:
+        out["gpus-per-node"] = lc.gpus_per_node
+    if lc.mem_gb:
+        out["mem"] = f"{lc.mem_gb}G"
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(lc, key):
+            out[key] = getattr(lc, key)
+    out.update({k.replace("_", "-"): v for k, v in lc.additional_parameters.items()})
+    return [f"#SBATCH --{k}={v}" for k, v in out.items()] + ["#SBATCH --requeue"]
+
+
+def command(overrides: List[str], run_dir: Path) -> str:
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in OWN_KEYS]
+    args = [*kept, "launcher.dry_run=false", "launcher.wait=false", f"hydra.run.dir={run_dir}"]
+    return "srun --unbuffered python -u -m ablate " + " ".join(shlex.quote(a) for a in args) + " $RESUME"
+
+
+def text(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrides: List[str]) -> str:
+    run_dir = run_dir.resolve()
+    exports = [f"export {k}={shlex.quote(str(v))}" for record in applied_env.values()
+               for k, v in record.get("env", {}).items()]
+    lines = ["#!/bin/bash",
+             f"# written by ablate (launcher.dry_run=true); submit it as it is: sbatch {run_dir}/sbatch.sh",
+             *directives(cfg, run_dir), "set -e", *cfg.launcher.setup, *exports,
+             "# a requeued attempt continues from this run's checkpoint",
+             f'RESUME=""; [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && RESUME={shlex.quote(f"train.resume={run_dir}")}',
+             command(overrides, run_dir)]
+    return "\n".join(lines) + "\n"
+
+
+def write(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrides: List[str]) -> Path:
+    (run_dir / "slurm").mkdir(parents=True, exist_ok=True)   # Slurm does not create its --output folder
+    path = run_dir / "sbatch.sh"
+    path.write_text(text(cfg, run_dir, applied_env, overrides))
+    return path
