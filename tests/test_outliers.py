@@ -161,18 +161,18 @@ def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_reru
     """Three planted A/A runs per arm, one 3x slow; ablate.sweeps' rerun step runs that arm again for real."""
     import os
 
-    from ablate import sweeps
+    from ablate.sweeps import runner
 
     root = tmp_path / "D"
     planted(root / "aa_noise", slow=("b", 2))
     slow = root / "aa_noise" / "2_b"
     done = {str(slow): ("aa_noise", ["+sweeps=aa_noise", "sweep.arm=b", "logger=none", "train.steps=12",
                                      "metrics.gemm_probe_n=128"], 2)}
-    sweeps.rerun_outliers(root, done, {**os.environ, "WANDB_MODE": "offline"}, 300, None, None)
+    runner.rerun_outliers(root, done, {**os.environ, "WANDB_MODE": "offline"}, 300, None, None)
     rerun = root / "aa_noise" / "2_b_rerun"
     assert json.loads((slow / "summary.json").read_text())["rerun_as"] == "2_b_rerun"
     assert json.loads((rerun / "summary.json").read_text())["rerun_of"] == "2_b"
-    sweeps.rerun_outliers(root, done, dict(os.environ), 300, None, None)   # once: never again
+    runner.rerun_outliers(root, done, dict(os.environ), 300, None, None)   # once: never again
     assert not (root / "aa_noise" / "2_b_rerun_rerun").exists()
     group = report.build([root])["groups"][0]
     assert [r.path.name for r in group.arms["treatment"].runs][2] == "2_b_rerun"

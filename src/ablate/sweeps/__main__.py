@@ -1,0 +1,104 @@
+"""`python -m ablate.sweeps` (sweeps/__init__.py: the sweeps and their plan; runner.py: the runs)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import yaml
+
+from ablate.report import compare, sequential
+from ablate.sweeps import __doc__ as SWEEPS_DOC
+from ablate.sweeps import expand, is_factorial, listing, plan_runs
+from ablate.sweeps.runner import claim_dir, run_all
+
+
+def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], args, search) -> Tuple[List[str], float]:
+    """--repeats auto: a block of repeats at a time; from --min-repeats on, a look at the verdicts (at the
+    corrected level) after each block, until every verdict is decided or --max-repeats."""
+    confidence, failed, looks, why = sequential.level(args.min_repeats, args.max_repeats), [], [], ""
+    for r in range(args.max_repeats):
+        block = [run for run in runs if run[2] == r]
+        failed += run_all(block, root, extra, env, args.run_timeout, args.until, search,
+                          first=sum(1 for run in runs if run[2] < r) + 1)
+        if r + 1 < args.min_repeats:
+            continue
+        looks.append(r + 1)
+        stop, why = sequential.decision(compare.build([root], level=confidence)["checks"], r + 1, args.max_repeats)
+        print(f"look at n={r + 1}: {why}", flush=True)
+        if stop:
+            break
+    sequential.write(root, {"level": confidence, "looks": looks, "stopped": why, "min_repeats": args.min_repeats,
+                            "max_repeats": args.max_repeats,
+                            "possible_looks": args.max_repeats - args.min_repeats + 1})
+    return failed, confidence
+
+
+def main(argv: List[str] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m ablate.sweeps", description=SWEEPS_DOC.split("\n\n")[1],
+                                     epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
+    parser.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
+    parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
+    parser.add_argument("--repeats", default="1", help="runs per arm (default 1: no interval), or auto: add "
+                        "repeats until every verdict is decided (report/sequential.py)")
+    parser.add_argument("--min-repeats", type=int, default=2, help="with --repeats auto: the first look")
+    parser.add_argument("--max-repeats", type=int, default=5, help="with --repeats auto: the last look")
+    parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
+    parser.add_argument("--order", choices=("interleaved", "random"), default=None,
+                        help="interleaved (A B, A B, ...: the default) or random blocks (the default of a factorial "
+                             "design: each repeat a block in its own random order)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --order random")
+    parser.add_argument("--run-timeout", type=float, help="seconds per run (and per batch search); a run past "
+                        "it is killed and named, the sweep goes on")
+    parser.add_argument("--until", type=float, help="a Unix time: runs that would start after it are not run "
+                        "(and named); a run's timeout never passes it")
+    parser.add_argument("--batch-search", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
+    parser.add_argument("--repeat-side-arms", action="store_true",
+                        help="repeat arms that are neither baseline nor treatment too (default: once)")
+    args = parser.parse_args(argv)
+    if args.list:
+        print(listing())
+        return 0
+    auto = args.repeats == "auto"
+    if not args.names or not (auto or args.repeats.isdigit() and int(args.repeats) >= 1) \
+            or not 1 <= args.min_repeats <= args.max_repeats:
+        parser.error("give at least one sweep name (see --list) and --repeats >= 1 or auto "
+                     "(with 1 <= --min-repeats <= --max-repeats)")
+    repeats = args.max_repeats if auto else int(args.repeats)
+    from ablate.config import ConfigError
+
+    try:
+        runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
+                         side_arms_once=not args.repeat_side_arms)
+    except ConfigError as e:
+        print(f"ablate.sweeps: error: {e}", file=sys.stderr)
+        return 2
+    root = args.dir or Path("multirun") / f"{'-'.join(args.names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    refused = claim_dir(root, runs)
+    if refused:
+        print(f"ablate.sweeps: error: {refused}", file=sys.stderr)
+        return 2
+    order = args.order or ("random blocks" if any(is_factorial(n) for n in expand(args.names)) else "interleaved")
+    print(f"{len(runs)} runs ({'up to ' if auto else ''}{repeats} repeat(s), {order}) into {root}", flush=True)
+    search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
+    env = {"ABLATE_PREFLIGHT_DONE": "1"}
+    if auto:
+        failed, confidence = run_until_decided(runs, root, extra, env, args, search)
+    else:
+        failed, confidence = run_all(runs, root, extra, env, args.run_timeout, args.until, search), 0.95
+    from ablate import report
+
+    code = report.main([str(root), "--confidence", str(confidence)]) if root.exists() else 2
+    if failed:
+        print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
+              file=sys.stderr)
+    return 1 if failed else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Running a sweep's planned runs: each in a fresh process (its own process group, killed past its
+timeout), the same command continuing an earlier call (its plan kept in D/plan.json), each outlier run
+once more beside it, and a sweep's batch search after its run."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ablate.report import outliers
+from ablate.sweeps import _label, load
+
+
+def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float]) -> subprocess.CompletedProcess:
+    """Run one arm (or its batch search) in its own process group; past `timeout` the whole group is killed
+    (its ranks and loader workers too) and the run is named as timed out, while the sweep goes on."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, 124, None, f"{err}\ntimed out after {timeout:.0f} s (--run-timeout)")
+    return subprocess.CompletedProcess(cmd, proc.returncode, None, err)
+
+
+def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
+    return root / name / f"{i:03d}_r{r}_{re.sub(r'[^A-Za-z0-9.+-]+', '-', label)[:60]}"
+
+
+def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
+            until: Optional[float] = None, search: Optional[Dict] = None, first: int = 1) -> List[str]:
+    """Every run in order, each a fresh process; `until` (a time.time()) skips what would start too late.
+    Then each outlier run (report/outliers.py) is run once more, beside it, and paired in its place."""
+    failed, started, done = [], time.monotonic(), {}
+    env = {**os.environ, **(extra_env or {})}
+    for i, (name, combo, r) in enumerate(runs, first):
+        label = _label(combo, extra)
+        run_dir = run_dir_of(root, i, name, r, label)
+        done[str(run_dir)] = (name, combo, r)
+        title = f"[{i}/{len(runs) + first - 1}] {name} {label} r{r}"
+        kept = resume_point(run_dir)
+        if kept:
+            print(f"{title}: {kept}", flush=True)
+            if kept.startswith("still running"):
+                failed.append(f"{name} {label} r{r} ({kept})")
+            continue
+        result = run_one(name, combo, r, run_dir, env, run_timeout, until, search)
+        if result is None:
+            failed.append(f"{name} {label} r{r} (not run: out of time)")
+            print(f"{title}: not run, the time given (--until) is up", flush=True)
+            continue
+        done_here = i - first + 1
+        eta = (time.monotonic() - started) / done_here * (len(runs) - done_here)
+        say(title, result, run_dir, f", about {eta:.0f} s left")
+        if result.returncode:
+            failed.append(f"{name} {label} r{r}")
+    rerun_outliers(root, done, env, run_timeout, until, search)
+    return failed
+
+
+def rerun_outliers(root: Path, done: Dict[str, Tuple], env, run_timeout, until, search) -> None:
+    """Each outlier of this call's runs, run once more beside it (never a rerun's rerun)."""
+    for path, reason in outliers.in_dirs([root]).items():
+        rerun = Path(path).parent / f"{Path(path).name}{RERUN_SUFFIX}"
+        if path not in done or rerun.exists():
+            continue
+        name, combo, r = done[path]
+        print(f"outlier: {Path(path).name}: {reason}; running it once more as {rerun.name}", flush=True)
+        result = run_one(name, combo, r, rerun, env, run_timeout, until, search)
+        if result is None:
+            print(f"[rerun] {rerun.name}: not run, the time given (--until) is up", flush=True)
+            continue
+        say(f"[rerun] {rerun.name}", result, rerun)
+        if result.returncode == 0:
+            mark_rerun(Path(path), rerun, reason)
+
+
+def say(title: str, result, run_dir: Path, tail: str = "") -> None:
+    status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+    print(f"{title}: {status} in {result.took:.0f} s{tail}", flush=True)
+    if result.returncode:
+        last = [ln for ln in result.stderr.strip().splitlines() if ln.strip()][-1:]
+        print(f"    {last[0] if last else 'no error output'} (run dir {run_dir})", file=sys.stderr, flush=True)
+
+
+RERUN_SUFFIX = "_rerun"
+PLAN_FILE = "plan.json"   # the call's runs, in order: the same command on the same --dir continues it
+
+
+def resume_point(run_dir: Path) -> str:
+    """A run dir from an earlier call of this sweep: '' (run it), or why it is not run now. A finished run is
+    kept; one that did not finish is set aside as <dir>.incomplete-N (never deleted) and run again; one a
+    live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
+    from ablate.config import ConfigError
+    from ablate.train import guards
+
+    if (run_dir / "summary.json").exists():
+        return "finished in an earlier call: kept"
+    if not run_dir.exists():
+        return ""
+    try:
+        guards.check_unlocked(run_dir)
+    except ConfigError:
+        return "still running (another process holds it): not run again; rerun this command when it ends"
+    k = 1 + sum(1 for _ in run_dir.parent.glob(f"{run_dir.name}.incomplete-*"))
+    run_dir.rename(run_dir.with_name(f"{run_dir.name}.incomplete-{k}"))
+    return ""
+
+
+def claim_dir(root: Path, runs) -> str:
+    """The --dir for this call: new (its plan written), or an earlier call of the same plan (continued);
+    '' when fine, else why not."""
+    plan = [{"sweep": name, "overrides": combo, "repeat": r} for name, combo, r in runs]
+    path = root / PLAN_FILE
+    if path.exists():
+        if json.loads(path.read_text()) == plan:
+            return ""
+        return (f"--dir {root} holds another call's runs (a different sweep, repeats or overrides); choose another "
+                f"folder, or repeat that call's command to continue it")
+    if root.exists() and any(root.rglob("metrics.jsonl")):
+        return (f"--dir {root} already holds runs; choose another folder "
+                f"(python -m ablate.report {root} reports on them)")
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=1))
+    return ""
+
+
+def mark_rerun(original: Path, rerun: Path, reason: str) -> None:
+    """The outlier keeps its figures and says where its rerun is; the rerun says what it replaces."""
+    for path, keys in ((original, {"rerun_as": rerun.name, "outlier": reason}), (rerun, {"rerun_of": original.name})):
+        summary = json.loads((path / "summary.json").read_text())
+        (path / "summary.json").write_text(json.dumps({**summary, **keys}, indent=2))
+
+
+def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, str], run_timeout, until,
+            search) -> Optional[subprocess.CompletedProcess]:
+    """One run (and its batch search) in a fresh process, its time in `.took`; None when there is no
+    time left to start it (--until)."""
+    left = None if until is None else until - time.time()
+    if left is not None and left < 10:
+        return None
+    timeout = min((t for t in (run_timeout, left) if t is not None), default=None)
+    root = run_dir.parent.parent
+    group = [] if any(o.startswith("logger.group=") for o in combo) else [f"logger.group='{name}-{root.name}'"]
+    cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
+           f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}", *group]
+    t0 = time.monotonic()
+    result = run_bounded(cmd, env, timeout)
+    spec = load(name).get("sweep", {}).get("batch_search")
+    if result.returncode == 0 and spec:   # the search shares its arm's time: the run's limit and --until
+        left_for_search = None if timeout is None else timeout - (time.monotonic() - t0)
+        result = batch_search({**spec, **(search or {})}, combo, r, run_dir, env, left_for_search)
+    result.took = time.monotonic() - t0
+    return result
+
+
+def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: Dict[str, str],
+                 timeout: Optional[float] = None):
+    """A sweep's `batch_search` (C5's "batch x4"): the largest batch that fits under this arm's config, found
+    by `python -m ablate.maxbatch` in <run dir>/max_batch, and written into the run's summary as `max_batch`.
+    On a GPU an out-of-memory error decides; on a CPU the spec's `cpu_mem_budget_gb` (peak RSS) does."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    on_cpu = not str(summary.get("device", "cpu")).startswith("cuda")
+    spec = {k: v for k, v in spec.items() if v is not None and k != "cpu_mem_budget_gb"} | (
+        {"mem_budget_gb": spec["cpu_mem_budget_gb"]} if on_cpu and spec.get("cpu_mem_budget_gb") else {})
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in spec.items()]
+    search_dir = run_dir / "max_batch"
+    if timeout is not None and timeout < 5:
+        return subprocess.CompletedProcess([], 124, None, "no time left for the batch search (--run-timeout/--until)")
+    cmd = [sys.executable, "-m", "ablate.maxbatch", *options, "--", *combo, "hydra.mode=RUN",
+           f"hydra.run.dir={search_dir}", f"sweep.repeat={repeat}"]
+    result = run_bounded(cmd, env, timeout)
+    if result.returncode == 0:
+        found = json.loads((search_dir / "summary.json").read_text())
+        summary["max_batch"] = found["max_batch"]
+        summary["max_batch_search"] = {k: found[k] for k in ("fit_rule", "figure", "search", "limit_reached")}
+        summary["max_batch_search"].update(dir=str(search_dir), trials=len(found["trials"]))
+        summary.setdefault("notes", {}).update(found.get("notes") or {})
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return result
