@@ -184,3 +184,10 @@ def test_a_rank_that_only_lost_its_peer_is_never_named_the_root_cause():
                                                                          "1 at step 3", "extraInfo": {}})
     assert own_error(lost).startswith("RuntimeError: [../third_party/gloo") and "Connection closed" in own_error(lost)
     assert [rank for rank, _ in root_cause_first({0: lost, 1: own})] == [1, 0]
+    # seen once in CI: rank 1 was killed before its error file was written, rank 0 blames "a remote worker
+    # crashing": the killed rank is nearer the cause than the one that blames it
+    blames = SimpleNamespace(exitcode=1, timestamp=100, message={"message": (
+        "RuntimeError: Got the following error when running the callback: ... typically caused by a remote "
+        "worker crashing. Check the logs of the remote worker"), "extraInfo": {}})
+    killed = SimpleNamespace(exitcode=-15, timestamp=101, message="Signal 15 (SIGTERM) received by PID 7")
+    assert [rank for rank, _ in root_cause_first({0: blames, 1: killed})] == [1, 0]

@@ -149,10 +149,11 @@ def test_a_real_run_paused_mid_run_records_the_stall_and_keeps_its_steady_speed(
     os.kill(proc.pid, signal.SIGCONT)
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert len(summary["stalls"]) == 1 and summary["stalls"][0]["seconds"] > 2.5, summary["stalls"]
+    planted = max(summary["stalls"], key=lambda s: s["seconds"])          # a loaded machine may add its own
+    assert planted["seconds"] > 2.5 and planted["x_median"] > 10, summary["stalls"]
     assert summary["stall_s"] > 2.5
     assert summary["tokens_per_s"] > 1.2 * summary["tokens_per_s_wall"]
-    assert summary["step_time_s"] < summary["step_time_p90_s"] * 1.0001 < summary["stalls"][0]["seconds"]
+    assert summary["step_time_s"] < summary["step_time_p90_s"] * 1.0001 < planted["seconds"]
     assert "stall(s): step" in summary["notes"]["step_time_s"]
 
 

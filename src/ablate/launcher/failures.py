@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import re
 
-CONSEQUENCES = ("Connection closed by peer", "Connection reset", "remote worker crash", "SIGTERM", "Signals.")
+PEER_GONE = ("Connection closed by peer", "Connection reset", "remote worker crash")   # it blames a peer
+KILLED = ("SIGTERM", "Signals.")
+CONSEQUENCES = PEER_GONE + KILLED
 
 
 def is_consequence(message: str) -> bool:
     """An error that only says a peer went away: another rank's failure is the root cause."""
     return any(c in message for c in CONSEQUENCES)
+
+
+def blames_a_peer(message: str) -> bool:
+    return any(c in message for c in PEER_GONE)
 
 
 # lines of a C++ error's captured stack ("default_hooks.py(31): <lambda>", "frame #3: ..."), not its message
@@ -47,10 +53,13 @@ def own_error(failure) -> str:
 def root_cause_first(failures):
     """Earliest first (timestamps are whole seconds), and among equals the rank whose error is not just
     the consequence of a peer going away (judged on the whole message, not only the line shown)."""
-    def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence
+    def key(kv):   # a rank killed by a signal or an abort (no Python exception of its own) is a consequence;
+        # one whose error says a peer went away comes last of all: that peer, even killed, is nearer the cause
         failure, message = kv[1], own_error(kv[1])
+        whole = _message(failure)[0]
+        blames = blames_a_peer(message) or blames_a_peer(whole)
         consequence = (failure.exitcode < 0 or message.startswith("the process ended")
-                       or is_consequence(message) or is_consequence(_message(failure)[0]))
-        return consequence, failure.timestamp, kv[0]
+                       or is_consequence(message) or is_consequence(whole))
+        return blames, consequence, failure.timestamp, kv[0]
 
     return sorted(failures.items(), key=key)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Optional
 
-STALL_FACTOR = 5.0   # "many times slower than the run's median": well past step-to-step jitter (<2x here)
+STALL_FACTOR = 10.0   # "many times slower than the run's median": past the jitter of a loaded 2-core box (6x seen)
 STRAGGLER_MIN_SHARE = 0.05   # a few ms before a collective that is fast anyway is not a straggler
 
 
