@@ -30,6 +30,7 @@ from ablate import CONF_DIR, launcher, logger, parallel, precision
 from ablate.config import AblateConfig, ConfigError
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import checkpoint, guards
+from ablate.train.distributed import rank_env
 
 # `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
 REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
@@ -123,6 +124,8 @@ def check_run_dir(overrides: List[str]) -> None:
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if not given or any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
         return
+    if rank_env().launched and rank_env().rank != 0:   # one task of several (srun): rank 0 owns the directory,
+        return                                         # and may already be writing into it
     resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("train.resume=")), None)
     guards.check_fresh(Path(given[-1]), resume)
     guards.check_unlocked(Path(given[-1]))
