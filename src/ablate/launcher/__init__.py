@@ -129,6 +129,11 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
             print(f"ablate: {signals.stopped(max(codes) - 128, run_dir)}", file=sys.stderr)
             raise SystemExit(max(codes)) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
+        noted = failures.noted_root_cause(run_dir / train.FAILURES_DIR)
+        if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):
+            print(f"ablate: rank {noted[0]} failed: {noted[1]} (rank {rank} stopped too: its peer went away)",
+                  file=sys.stderr)
+            raise SystemExit(1) from None
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
             if others else ""
         print(f"ablate: rank {rank} failed (exit code {failure.exitcode}): {failures.own_error(failure)}{also}",

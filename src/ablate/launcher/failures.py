@@ -5,6 +5,7 @@ Slurm tasks (submitit's)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 PEER_GONE = ("Connection closed by peer", "Connection reset", "remote worker crash")   # it blames a peer
 KILLED = ("SIGTERM", "Signals.")
@@ -63,3 +64,12 @@ def root_cause_first(failures):
         return blames, consequence, failure.timestamp, kv[0]
 
     return sorted(failures.items(), key=key)
+
+
+def noted_root_cause(folder):
+    """(rank, error) from the ranks' own notes (train/loop.py writes <run dir>/.failures/rank{N}.txt the
+    moment a rank fails, before its peers lose the connection): the first that is not only a consequence.
+    torch elastic may stop a rank before it reports; its note is still there."""
+    notes = sorted(Path(folder).glob("rank*.txt"), key=lambda p: p.stat().st_mtime) if Path(folder).is_dir() else []
+    own = [(int(p.stem[4:]), p.read_text().strip().splitlines()[0]) for p in notes if p.read_text().strip()]
+    return next(((rank, text) for rank, text in own if not is_consequence(text)), None)

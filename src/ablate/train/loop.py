@@ -24,6 +24,8 @@ from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
 from ablate.train import checkpoint, distributed, provenance, signals
 
+FAILURES_DIR = ".failures"   # <run dir>/.failures/rank{N}.txt: each failing rank's own error, as it happened
+
 
 def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
     """A precision or strategy this device cannot run: one ConfigError line, before any work."""
@@ -254,5 +256,11 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             print_summary(summary)
         clean = True
         return summary if env.is_main else None
+    except Exception as e:   # its own error, noted before the peers see the connection close (failures.py)
+        if not isinstance(e, checkpoint.RunStopped):
+            failures_dir = run_dir / FAILURES_DIR
+            failures_dir.mkdir(parents=True, exist_ok=True)
+            (failures_dir / f"rank{env.rank}.txt").write_text(f"{type(e).__name__}: {e}"[:2000])
+        raise
     finally:
         distributed.teardown(clean)
