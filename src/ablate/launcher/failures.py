@@ -71,5 +71,6 @@ def noted_root_cause(folder):
     moment a rank fails, before its peers lose the connection): the first that is not only a consequence.
     torch elastic may stop a rank before it reports; its note is still there."""
     notes = sorted(Path(folder).glob("rank*.txt"), key=lambda p: p.stat().st_mtime) if Path(folder).is_dir() else []
-    own = [(int(p.stem[4:]), p.read_text().strip().splitlines()[0]) for p in notes if p.read_text().strip()]
+    texts = [(int(p.stem[4:]), p.read_text().strip()) for p in notes]
+    own = [(rank, text.splitlines()[0]) for rank, text in texts if text]
     return next(((rank, text) for rank, text in own if not is_consequence(text)), None)

@@ -13,9 +13,8 @@ ci_high, n, kind, exact; `term` is a factor's knob as the sweep file writes it, 
 """
 from __future__ import annotations
 
-import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -24,6 +23,7 @@ import numpy as np
 
 from ablate import design, units
 from ablate.report import runs as R
+from ablate.report import table
 
 RESPONSES = ("tokens_per_s", "mfu_common_peak", "step_time_s", "mem_peak_bytes", "comm_bytes_per_step",
              "comm_calls_per_step", "data_wait_frac")
@@ -123,10 +123,7 @@ def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
 
 def find(runs: List[R.Run]) -> List[Factorial]:
     """The factorial sweeps among these runs, and an ad-hoc `-m` grid (runs.adhoc_grid) as one more."""
-    by_name: Dict[str, List[R.Run]] = {}
-    for run in runs:
-        if run.sweep.get("design") == "factorial":
-            by_name.setdefault(run.sweep["name"], []).append(run)
+    by_name = R.by_design(runs, "factorial")
     found = [analyse(name, by_name[name][0].sweep, by_name[name]) for name in sorted(by_name)]
     grid = R.adhoc_grid(runs)
     if grid:
@@ -137,12 +134,7 @@ def find(runs: List[R.Run]) -> List[Factorial]:
 
 
 def write_csv(path: Path, analyses: List[Factorial]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        for a in analyses:
-            for e in a.effects:
-                writer.writerow(asdict(e))
+    table.write(path, FIELDS, (e for a in analyses for e in a.effects))
 
 
 def effect_text(e: Effect) -> str:

@@ -138,6 +138,15 @@ def _order(run: Run) -> Tuple:
     return (run.repeat if run.repeat is not None else 10**9, str(run.path))
 
 
+def by_design(runs: List[Run], kind: str) -> Dict[str, List[Run]]:
+    """The runs of sweeps/ files with `design: <kind>` (factorial, stack), by sweep name."""
+    out: Dict[str, List[Run]] = {}
+    for run in runs:
+        if run.sweep.get("design") == kind:
+            out.setdefault(run.sweep["name"], []).append(run)
+    return out
+
+
 def reruns(runs: List[Run]) -> Tuple[List[Run], Dict[str, Run]]:
     """(the runs with each rerun outlier's rerun in its place, {rerun path: the original}). `rerun_as` is
     the rerun's folder name, beside the original's."""

@@ -10,15 +10,14 @@ kind, step, arm, metric, value, ci_low, ci_high, change, change_ci_low, change_c
 """
 from __future__ import annotations
 
-import csv
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from ablate import design, units
 from ablate.report import runs as R
-from ablate.report import stats
+from ablate.report import stats, table
 
 FIELDS = ("kind", "step", "arm", "metric", "value", "ci_low", "ci_high", "change", "change_ci_low",
           "change_ci_high", "n")
@@ -80,10 +79,7 @@ def rows_for(arms: List[design.Arm], by_arm: Dict[str, List[R.Run]], metric: str
 
 
 def find(runs: List[R.Run]) -> List[Stack]:
-    by_name: Dict[str, List[R.Run]] = {}
-    for run in runs:
-        if run.sweep.get("design") == "stack":
-            by_name.setdefault(run.sweep["name"], []).append(run)
+    by_name = R.by_design(runs, "stack")
     stacks = []
     for name in sorted(by_name):
         node = by_name[name][0].sweep
@@ -98,12 +94,7 @@ def find(runs: List[R.Run]) -> List[Stack]:
 
 
 def write_csv(path: Path, stacks: List[Stack]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        for s in stacks:
-            for row in s.rows:
-                writer.writerow(asdict(row))
+    table.write(path, FIELDS, (row for s in stacks for row in s.rows))
 
 
 def change_text(row: Row) -> str:
