@@ -1,7 +1,7 @@
 """launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing."""
 import sys
 
-from conftest import run_cli
+from conftest import run_cli, run_module
 
 
 def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path):
@@ -31,6 +31,26 @@ def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path):
     assert "%A_%a" in script                                  # each task its own log folder
     assert len(list(tmp_path.glob("*/config.yaml"))) == 3     # and its own run dir
     assert not (tmp_path / "slurm").exists()                  # nothing submitted
+
+
+def test_a_dry_run_of_ablate_sweeps_writes_one_allocation_for_the_whole_sweep(tmp_path):
+    """`ablate.sweeps ... launcher=slurm launcher.dry_run=true`: D/sweep.sbatch holds the largest run's nodes,
+    its driver is the same command (the runs become its job steps), nothing is submitted (no Slurm here)."""
+    sweep = tmp_path / "D"
+    result = run_module("ablate.sweeps", ["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", "logger=none",
+                                          "launcher=slurm", "launcher.dry_run=true", "launcher.nodes=2"],
+                        env={"PATH": "/nonexistent"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    script = (sweep / "sweep.sbatch").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --signal=B:USR2@90", "#SBATCH --requeue",
+                 f"#SBATCH --output={sweep}/slurm/%j.out"):
+        assert line in script
+    driver = script.splitlines()[-1]
+    assert driver.startswith(f"exec {sys.executable} -u -m ablate.sweeps c3_no_sync --repeats=2 ")
+    assert f"--dir={sweep}" in driver and driver.endswith("launcher.nodes=2")
+    assert "sweep.sbatch" in result.stdout and "nothing submitted" in result.stdout
+    assert (sweep / "plan.json").exists() and list((sweep / "slurm").iterdir()) == []
+    assert not list(sweep.glob("*/*/config.yaml"))     # no run started
 
 
 def test_slurm_missing_is_one_line(tmp_path):

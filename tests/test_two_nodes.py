@@ -3,13 +3,15 @@ namespace, so node1 and node2 are different hosts with their own IP): rendezvous
 preemption, failures and sweeps across hosts. The module switches the machine to the two-node cluster and
 back to what ran before (the one-node cluster in CI)."""
 import json
+import os
 import subprocess
+import sys
 import time
 
 import pytest
 
 import slurm_cluster
-from conftest import read_jsonl, run_cli
+from conftest import REPO, read_jsonl, run_cli, run_module
 
 pytestmark = pytest.mark.slow
 TWO_NODES = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "launcher.gpus_per_node=0",
@@ -100,3 +102,54 @@ def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path):
     assert summary["world_size"] == 4 and summary["ranks_by_host"] == {"node1": [0, 1], "node2": [2, 3]}
     assert [(r["host"], r["node_rank"], r["local_rank"]) for r in summary["per_rank"]] == [
         ("node1", 0, 0), ("node1", 0, 1), ("node2", 1, 0), ("node2", 1, 1)]
+
+
+def test_a_sweep_on_slurm_is_one_allocation_whose_runs_are_job_steps_and_a_second_call_reruns_nothing(tmp_path):
+    """#24: `python -m ablate.sweeps c3_no_sync --repeats 2 --dir D -- launcher=slurm launcher.nodes=2 ...`: one
+    job; its 4 runs are 4 job steps of it, each on both nodes; the report is written; the same call again
+    submits nothing and runs nothing."""
+    sweep = tmp_path / "D"
+    args = ["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15"]
+    result = run_module("ablate.sweeps", args, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.count("submitted Slurm job") == 1 and (sweep / "report.csv").exists(), result.stdout
+    assert "[4/4] c3_no_sync" in result.stdout     # the driver's progress, streamed here
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/*/summary.json"))]
+    assert len(summaries) == 4
+    assert len({s["slurm"]["job_id"] for s in summaries}) == 1
+    assert len({s["slurm"]["step_id"] for s in summaries}) == 4
+    assert all(s["hosts"] == ["node1", "node2"] and s["slurm"]["nodelist"] == "node[1-2]" for s in summaries)
+    again = run_module("ablate.sweeps", args, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "submitted" not in again.stdout and again.stdout.count("finished in an earlier call: kept") == 4
+
+
+def test_the_time_limit_warning_requeues_the_sweeps_allocation_and_its_next_attempt_finishes_the_sweep(tmp_path):
+    """USR2 to the batch shell (what `--signal=B:USR2@T` sends before the limit): the driver passes it to the
+    running step (its ranks checkpoint and stop) and requeues the job; the next attempt sets that run aside
+    and runs it again, and the waiting command ends with the report."""
+    sweep = tmp_path / "D"
+    args = ["c3_no_sync", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15", "train.steps=40",
+            "train.log_every=5", "dataloader.read_latency_ms=10"]
+    waiting = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "WANDB_MODE": "offline"})
+    deadline = time.monotonic() + 240
+    while not [p for p in sweep.glob("c3_no_sync/*/metrics.jsonl") if read_jsonl(p)]:
+        assert time.monotonic() < deadline and waiting.poll() is None, waiting.communicate()
+        time.sleep(0.3)
+    job = next((sweep / "slurm").glob("*.out")).stem
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+    while waiting.poll() is None:   # Slurm holds a requeued job ~2 min (BeginTime): release it at once
+        assert time.monotonic() < deadline + 300, "the sweep did not end"
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        time.sleep(1)
+    out, err = waiting.communicate()
+    assert waiting.returncode == 0, out[-2000:] + err[-3000:]
+    assert "the time-limit warning came" in out and (sweep / "report.csv").exists()
+    stopped = list(sweep.glob("c3_no_sync/*.incomplete-1"))
+    assert len(stopped) == 1 and (stopped[0] / "checkpoint").is_dir()    # it checkpointed on the warning
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("c3_no_sync/*/summary.json"))]
+    assert len(summaries) == 2 and {s["slurm"]["job_id"] for s in summaries} == {job}

@@ -160,6 +160,15 @@ def _validate(combo: List[str], hardware: bool) -> None:
         check_hardware(checked)
 
 
+def checked(combos: List[List[str]]) -> List[AblateConfig]:
+    """Each run's typed config, composed as its fresh process will compose it (a sweep's Slurm allocation
+    must hold its largest run). Hydra's own keys do not change the config and are left out."""
+    register()
+    with hydra_context():
+        return [validate(compose("config", overrides=[o for o in combo if not o.lstrip("+~").startswith("hydra")]))
+                for combo in combos]
+
+
 def preflight(argv: List[str], hardware: bool = True) -> None:
     """Compose every combination the command line (and a sweeps/ file's grid) asks for and validate it,
     or fail in one line. Hydra's --help, --hydra-help, -sc and --info are left to Hydra."""

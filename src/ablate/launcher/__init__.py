@@ -23,7 +23,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ablate.config import AblateConfig
 from ablate.launcher import array as slurm_array
-from ablate.launcher import environment, failures, slurm
+from ablate.launcher import environment, failures, script, slurm
 from ablate.train import checkpoint, guards, signals
 from ablate.train import loop as train
 from ablate.train.distributed import check_ranks_fit_gpus, device_type, rank_env
@@ -67,6 +67,9 @@ def launch_slurm(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict
 
 # launcher=<name> -> (pre-launch check, launch): the one place a launcher choice is decoded
 REGISTRY = {"local": (check_local, launch_local), "slurm": (check_slurm, launch_slurm)}
+# launcher=<name> -> a sweep's run as a job step of the sweep's one allocation (sweeps/allocation.py), or
+# None: the run is a process of its own on this machine
+JOB_STEP = {"local": None, "slurm": script.job_step}
 
 
 def check(cfg: AblateConfig) -> None:

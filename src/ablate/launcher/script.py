@@ -17,18 +17,20 @@ import shlex
 from pathlib import Path
 from typing import Dict, List
 
-from ablate.config import AblateConfig
+from ablate.config import AblateConfig, LauncherConfig
 
 # keys of the submitting command that the script sets itself
 OWN_KEYS = ("launcher.dry_run", "launcher.wait", "hydra.run.dir", "train.resume")
 
 
-def directives(cfg: AblateConfig, run_dir: Path) -> List[str]:
+def directives(cfg: AblateConfig, run_dir: Path, warn_batch_shell: bool = False) -> List[str]:
+    """The job's request. The time-limit warning goes to every task (each rank checkpoints), or with
+    `warn_batch_shell` to the batch script alone (a sweep's driver, which passes it on: sweeps/allocation.py)."""
     lc = cfg.launcher
     out = {"job-name": f"ablate-{run_dir.name}", "nodes": lc.nodes, "ntasks-per-node": lc.nproc_per_node,
            "cpus-per-task": lc.cpus_per_task, "time": lc.timeout_min,
            "output": run_dir / "slurm" / "%j.out", "error": run_dir / "slurm" / "%j.err",
-           "signal": f"USR2@{lc.signal_delay_s}", "open-mode": "append"}
+           "signal": f"{'B:' if warn_batch_shell else ''}USR2@{lc.signal_delay_s}", "open-mode": "append"}
     if lc.gpus_per_node:
         out["gpus-per-node"] = lc.gpus_per_node
     if lc.mem_gb:
@@ -44,6 +46,25 @@ def command(overrides: List[str], run_dir: Path) -> str:
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in OWN_KEYS]
     args = [*kept, "launcher.dry_run=false", "launcher.wait=false", f"hydra.run.dir={run_dir}"]
     return "srun --unbuffered python -u -m ablate " + " ".join(shlex.quote(a) for a in args) + " $RESUME"
+
+
+def job_step(lc: LauncherConfig, name: str) -> List[str]:
+    """`srun` for one run of a sweep inside the sweep's allocation: its own nodes and one task per rank
+    (each task trains where it is: launcher/__init__.py); one failing task ends the step."""
+    gpus = [f"--gpus-per-node={lc.gpus_per_node}"] if lc.gpus_per_node else []
+    return ["srun", f"--job-name={name}", f"--nodes={lc.nodes}", f"--ntasks-per-node={lc.nproc_per_node}",
+            f"--cpus-per-task={lc.cpus_per_task}", *gpus, "--kill-on-bad-exit=1", "--unbuffered"]
+
+
+def sweep_text(cfg: AblateConfig, root: Path, driver: List[str]) -> str:
+    """A sweep's one allocation (sweeps/allocation.py): the nodes of its largest run, the driver as the
+    batch shell itself (exec: the time-limit warning reaches it), requeued on preemption."""
+    root = root.resolve()
+    lines = ["#!/bin/bash", f"# written by ablate.sweeps: one allocation for the sweep in {root}; submit it as it is: "
+             f"sbatch {root}/sweep.sbatch",
+             *directives(cfg, root, warn_batch_shell=True), "set -e", *cfg.launcher.setup,
+             "exec " + " ".join(shlex.quote(a) for a in driver)]
+    return "\n".join(lines) + "\n"
 
 
 def text(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrides: List[str]) -> str:

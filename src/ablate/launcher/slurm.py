@@ -171,7 +171,7 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     watch = cluster.QueueWatch(job.job_id, sys.stderr, sys.stderr.isatty())
     # submitit asks Slurm about a job at most once a minute; once squeue no longer lists it, ask now
     while not job.done(force_check=left_queue):
-        shown = _show_new(job.paths.stderr, shown)
+        shown = show_new(job.paths.stderr, shown)
         state = cluster.queue_state(job.job_id) if polls % 2 == 0 else None   # squeue every 2 s, not every 1 s
         left_queue = polls % 2 == 0 and state is None and time.monotonic() - started > 2
         polls += 1
@@ -182,7 +182,7 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
                 give_up([job], state[1], cancel_unrunnable)
         time.sleep(1)
     watch.end_line()
-    _show_new(job.paths.stderr, shown, final=True)
+    show_new(job.paths.stderr, shown, final=True)
     try:
         results = job.results()
     except Exception:   # submitit re-raises a task's own error with its traceback text
@@ -277,8 +277,9 @@ def _checkpoint_hint(run_dir) -> str:
     return f"; checkpoint at step {step}: resume with train.resume={run_dir}"
 
 
-def _show_new(path: Path, shown: int, final: bool = False) -> int:
-    """Print what the log gained since byte `shown` (complete lines until `final`); return the new offset."""
+def show_new(path: Path, shown: int, final: bool = False, stream=None, prefix: str = "[slurm] ") -> int:
+    """Print what the log gained since byte `shown` (complete lines until `final`), each line after `prefix`,
+    to `stream` (stderr by default); return the new offset."""
     try:
         with open(path, "rb") as f:
             f.seek(shown)
@@ -287,5 +288,5 @@ def _show_new(path: Path, shown: int, final: bool = False) -> int:
         return shown
     complete = new if final else new[:new.rfind(b"\n") + 1]
     for line in complete.decode(errors="replace").splitlines():
-        print(f"[slurm] {line}", file=sys.stderr, flush=True)
+        print(f"{prefix}{line}", file=stream or sys.stderr, flush=True)
     return shown + len(complete)

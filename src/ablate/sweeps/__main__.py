@@ -9,20 +9,23 @@ from typing import Dict, List, Tuple
 
 import yaml
 
+from ablate import report
+from ablate.config import ConfigError
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
-from ablate.sweeps import expand, is_factorial, listing, plan_runs
-from ablate.sweeps.runner import claim_dir, run_all
+from ablate.sweeps import allocation, expand, is_factorial, listing, plan_runs
+from ablate.sweeps.runner import claim_dir, run_all, unfinished
 
 
-def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], args, search) -> Tuple[List[str], float]:
+def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], args, search,
+                      steps=None) -> Tuple[List[str], float]:
     """--repeats auto: a block of repeats at a time; from --min-repeats on, a look at the verdicts (at the
     corrected level) after each block, until every verdict is decided or --max-repeats."""
     confidence, failed, looks, why = sequential.level(args.min_repeats, args.max_repeats), [], [], ""
     for r in range(args.max_repeats):
         block = [run for run in runs if run[2] == r]
         failed += run_all(block, root, extra, env, args.run_timeout, args.until, search,
-                          first=sum(1 for run in runs if run[2] < r) + 1)
+                          first=sum(1 for run in runs if run[2] < r) + 1, steps=steps)
         if r + 1 < args.min_repeats:
             continue
         looks.append(r + 1)
@@ -60,6 +63,8 @@ def main(argv: List[str] = None) -> int:
                         help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
     parser.add_argument("--repeat-side-arms", action="store_true",
                         help="repeat arms that are neither baseline nor treatment too (default: once)")
+    parser.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the sweep's one "
+                        "allocation and return (default: follow it here until its report is written)")
     args = parser.parse_args(argv)
     if args.list:
         print(listing())
@@ -70,11 +75,10 @@ def main(argv: List[str] = None) -> int:
         parser.error("give at least one sweep name (see --list) and --repeats >= 1 or auto "
                      "(with 1 <= --min-repeats <= --max-repeats)")
     repeats = args.max_repeats if auto else int(args.repeats)
-    from ablate.config import ConfigError
-
     try:
         runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
                          side_arms_once=not args.repeat_side_arms)
+        configs = allocation.configs(runs)
     except ConfigError as e:
         print(f"ablate.sweeps: error: {e}", file=sys.stderr)
         return 2
@@ -85,19 +89,39 @@ def main(argv: List[str] = None) -> int:
         return 2
     order = args.order or ("random blocks" if any(is_factorial(n) for n in expand(args.names)) else "interleaved")
     print(f"{len(runs)} runs ({'up to ' if auto else ''}{repeats} repeat(s), {order}) into {root}", flush=True)
+    steps = None
+    if allocation.allocates(configs) and not allocation.inside() and unfinished(runs, root, extra):
+        try:   # one Slurm allocation for the whole sweep: this same command is its driver inside it
+            return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
+        except ConfigError as e:
+            print(f"ablate.sweeps: error: {e}", file=sys.stderr)
+            return 2
+    if allocation.allocates(configs) and allocation.inside():
+        steps = allocation.Steps(configs)
     search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
     env = {"ABLATE_PREFLIGHT_DONE": "1"}
     if auto:
-        failed, confidence = run_until_decided(runs, root, extra, env, args, search)
+        failed, confidence = run_until_decided(runs, root, extra, env, args, search, steps)
     else:
-        failed, confidence = run_all(runs, root, extra, env, args.run_timeout, args.until, search), 0.95
-    from ablate import report
-
+        failed, confidence = run_all(runs, root, extra, env, args.run_timeout, args.until, search, steps=steps), 0.95
     code = report.main([str(root), "--confidence", str(confidence)]) if root.exists() else 2
     if failed:
         print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
               file=sys.stderr)
-    return 1 if failed else code
+    return allocation.finish(root, 1 if failed else code)
+
+
+def driver_command(args, root: Path, extra: List[str]) -> List[str]:
+    """This call's arguments as the allocation's driver gets them: every option explicit, --dir absolute."""
+    flags = [*args.names, f"--repeats={args.repeats}", f"--min-repeats={args.min_repeats}",
+             f"--max-repeats={args.max_repeats}", f"--dir={root.resolve()}", f"--seed={args.seed}",
+             *([f"--order={args.order}"] if args.order else []),
+             *([f"--run-timeout={args.run_timeout}"] if args.run_timeout else []),
+             *([f"--until={args.until}"] if args.until else []),
+             *[f"--batch-search={kv}" for kv in args.batch_search],
+             *(["--repeat-side-arms"] if args.repeat_side_arms else [])]
+    return ["-u", "-m", "ablate.sweeps", *flags, "--", *extra]   # the same plan (D/plan.json): a run inside a
+    # job step trains whatever launcher.dry_run says (launcher/__init__.py launch_slurm)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ablate.config import ConfigError
 from ablate.report import outliers
 from ablate.sweeps import _label, load
+from ablate.train import guards
 
 
 def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float]) -> subprocess.CompletedProcess:
@@ -36,9 +38,10 @@ def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
 
 
 def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
-            until: Optional[float] = None, search: Optional[Dict] = None, first: int = 1) -> List[str]:
-    """Every run in order, each a fresh process; `until` (a time.time()) skips what would start too late.
-    Then each outlier run (report/outliers.py) is run once more, beside it, and paired in its place."""
+            until: Optional[float] = None, search: Optional[Dict] = None, first: int = 1, steps=None) -> List[str]:
+    """Every run in order, each a fresh process (with `steps`, a job step of the sweep's Slurm allocation:
+    allocation.Steps); `until` (a time.time()) skips what would start too late. Then each outlier run
+    (report/outliers.py) is run once more, beside it, and paired in its place."""
     failed, started, done = [], time.monotonic(), {}
     env = {**os.environ, **(extra_env or {})}
     for i, (name, combo, r) in enumerate(runs, first):
@@ -52,7 +55,11 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
             if kept.startswith("still running"):
                 failed.append(f"{name} {label} r{r} ({kept})")
             continue
-        result = run_one(name, combo, r, run_dir, env, run_timeout, until, search)
+        if steps:
+            steps.requeue_if_warned(title)
+        result = run_one(name, combo, r, run_dir, env, run_timeout, until, search, steps)
+        if steps:
+            steps.requeue_if_warned(title)
         if result is None:
             failed.append(f"{name} {label} r{r} (not run: out of time)")
             print(f"{title}: not run, the time given (--until) is up", flush=True)
@@ -62,11 +69,17 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
         say(title, result, run_dir, f", about {eta:.0f} s left")
         if result.returncode:
             failed.append(f"{name} {label} r{r}")
-    rerun_outliers(root, done, env, run_timeout, until, search)
+    rerun_outliers(root, done, env, run_timeout, until, search, steps)
     return failed
 
 
-def rerun_outliers(root: Path, done: Dict[str, Tuple], env, run_timeout, until, search) -> None:
+def unfinished(runs, root: Path, extra: List[str]) -> int:
+    """How many of the plan's runs have no summary in `root` yet."""
+    return sum(not (run_dir_of(root, i, name, r, _label(combo, extra)) / "summary.json").exists()
+               for i, (name, combo, r) in enumerate(runs, 1))
+
+
+def rerun_outliers(root: Path, done: Dict[str, Tuple], env, run_timeout, until, search, steps=None) -> None:
     """Each outlier of this call's runs, run once more beside it (never a rerun's rerun)."""
     for path, reason in outliers.in_dirs([root]).items():
         rerun = Path(path).parent / f"{Path(path).name}{RERUN_SUFFIX}"
@@ -74,7 +87,7 @@ def rerun_outliers(root: Path, done: Dict[str, Tuple], env, run_timeout, until, 
             continue
         name, combo, r = done[path]
         print(f"outlier: {Path(path).name}: {reason}; running it once more as {rerun.name}", flush=True)
-        result = run_one(name, combo, r, rerun, env, run_timeout, until, search)
+        result = run_one(name, combo, r, rerun, env, run_timeout, until, search, steps)
         if result is None:
             print(f"[rerun] {rerun.name}: not run, the time given (--until) is up", flush=True)
             continue
@@ -99,9 +112,6 @@ def resume_point(run_dir: Path) -> str:
     """A run dir from an earlier call of this sweep: '' (run it), or why it is not run now. A finished run is
     kept; one that did not finish is set aside as <dir>.incomplete-N (never deleted) and run again; one a
     live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
-    from ablate.config import ConfigError
-    from ablate.train import guards
-
     if (run_dir / "summary.json").exists():
         return "finished in an earlier call: kept"
     if not run_dir.exists():
@@ -141,16 +151,17 @@ def mark_rerun(original: Path, rerun: Path, reason: str) -> None:
 
 
 def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, str], run_timeout, until,
-            search) -> Optional[subprocess.CompletedProcess]:
-    """One run (and its batch search) in a fresh process, its time in `.took`; None when there is no
-    time left to start it (--until)."""
+            search, steps=None) -> Optional[subprocess.CompletedProcess]:
+    """One run (and its batch search) in a fresh process (with `steps`, a job step of the allocation),
+    its time in `.took`; None when there is no time left to start it (--until)."""
     left = None if until is None else until - time.time()
     if left is not None and left < 10:
         return None
     timeout = min((t for t in (run_timeout, left) if t is not None), default=None)
     root = run_dir.parent.parent
     group = [] if any(o.startswith("logger.group=") for o in combo) else [f"logger.group='{name}-{root.name}'"]
-    cmd = [sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
+    step = steps.prefix(combo, f"ablate-{run_dir.name}") if steps else []
+    cmd = [*step, sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
            f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}", *group]
     t0 = time.monotonic()
     result = run_bounded(cmd, env, timeout)

@@ -161,6 +161,14 @@ def place(env: DistEnv) -> Dict[str, object]:
             "local_rank": env.local_rank}
 
 
+def slurm_job(environ: Mapping[str, str] = os.environ) -> Optional[Dict[str, object]]:
+    """summary.json's `slurm`: the job, the job step and the nodes this run ran in (None outside Slurm)."""
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    return {"job_id": environ["SLURM_JOB_ID"], "step_id": environ.get("SLURM_STEP_ID"),
+            "nodelist": environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")}
+
+
 def layout(places: List[Dict[str, object]]) -> Dict[str, object]:
     """summary.json's `hosts` (one per node, in node order) and the rank layout: which ranks ran where."""
     by_host: Dict[str, List[int]] = {}

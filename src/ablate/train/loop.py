@@ -244,6 +244,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
                 **params, "numerics": strategy.numerics,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
+                "slurm": distributed.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
