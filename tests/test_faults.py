@@ -200,12 +200,47 @@ def test_a_stop_signal_on_a_two_rank_run_checkpoints_once_and_says_so_in_one_lin
     assert len(said) == 1 and "Traceback" not in stderr and "abort" not in stderr.lower(), stderr[-2000:]
     line = said[0]
     assert line.startswith(f"ablate: stopped by {sig.name}: checkpoint at step") and f"train.resume={run_dir}" in line
+    _two_ranks_resume_with_every_step_once(run_dir)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launcher_of_two_ranks_checkpoints_and_rank_0_says_so_in_one_line(tmp_path):
+    """kill -9 of the parent of a 2-rank local run (the launcher, which can say nothing): at their next step
+    the ranks see their parent gone, checkpoint, and rank 0 says so in one line; nothing keeps running, and
+    the resume runs."""
+    run_dir, said = tmp_path / "run", tmp_path / "stderr.txt"
+    with open(said, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "ablate", *FAST, "parallel=ddp", "launcher.nproc_per_node=2",
+                                 "train.steps=400", "dataloader.read_latency_ms=30", f"hydra.run.dir={run_dir}"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    _until_logged(run_dir, proc)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 90
+    while _group_alive(proc.pid):
+        assert time.monotonic() < deadline, "the ranks kept running after their launcher was killed"
+        time.sleep(0.3)
+    lines = [ln for ln in said.read_text().strip().splitlines() if not ln.startswith("step ")]
+    assert len(lines) == 1 and "Traceback" not in said.read_text(), said.read_text()[-2000:]
+    assert lines[0].startswith("ablate: the launching process") and f"train.resume={run_dir}" in lines[0]
+    _two_ranks_resume_with_every_step_once(run_dir)
+
+
+def _two_ranks_resume_with_every_step_once(run_dir: Path) -> None:
     step = torch.load(run_dir / "checkpoint" / "meta.pt", weights_only=True)["step"]
     resumed = run_cli([*FAST, "parallel=ddp", "launcher.nproc_per_node=2", f"train.steps={step + 4}",
                        f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     logged = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     assert logged == sorted(set(logged)) and logged[-1] == step + 4
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ add choices to any group, sweeps included). Hydra's informational flags (--help,
 """
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -118,11 +117,12 @@ def check_hardware(cfg: AblateConfig) -> None:
     launcher.check(cfg)
 
 
-def check_run_dir(overrides: List[str]) -> None:
-    """hydra.run.dir: not empty, not already holding a run (unless resumed), writable."""
+def check_run_dir(overrides: List[str], multirun: bool = False) -> None:
+    """hydra.run.dir of a single run: not empty, not already holding a run (unless resumed), writable (a
+    multirun writes under hydra.sweep.dir)."""
     guards.check_run_dir_override(overrides)
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
-    if not given or any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
+    if not given or multirun:
         return
     if rank_env().launched and rank_env().rank != 0:   # one task of several (srun): rank 0 owns the directory,
         return                                         # and may already be writing into it
@@ -176,7 +176,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
         return
     register()
     overrides, config_dirs = split_argv(argv)
-    check_run_dir(overrides)
+    check_run_dir(overrides, multirun=any(arg in ("-m", "--multirun") for arg in argv))
     overrides = [o for o in _search_path(overrides, config_dirs)
                  if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
     with hydra_context():

@@ -112,6 +112,15 @@ def _quiet_elastic_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _quiet_resource_tracker() -> None:
+    """kill -9 of this process leaves Python's resource tracker (its child, started with this interpreter's
+    -W options) to free the semaphores the launcher made: it frees them and warns in two lines that tell a
+    user nothing; the ranks' own line says what happened (train/signals.py ORPHANED)."""
+    option = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)
+
+
 def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
                       applied: Dict) -> Optional[Dict]:
     n = cfg.launcher.nproc_per_node
@@ -119,6 +128,7 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.5, start_method="spawn")
     _quiet_elastic_logs()
+    _quiet_resource_tracker()
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed

@@ -16,7 +16,6 @@ Typed inside an allocation already (salloc, a script of the user's), the runs ar
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from typing import Dict, List, Tuple
 from ablate import compose, launcher
 from ablate.config import AblateConfig, ConfigError
 from ablate.launcher import cluster, script, slurm
+from ablate.train.distributed import rank_env
 
 Combo = Tuple[str, ...]
 
@@ -43,7 +43,7 @@ def allocates(configs: Dict[Combo, AblateConfig]) -> bool:
 
 def inside() -> bool:
     """In a Slurm job already: the sweep's own allocation (its driver), or one the user holds."""
-    return "SLURM_JOB_ID" in os.environ
+    return rank_env().slurm_job is not None
 
 
 def largest(configs: Dict[Combo, AblateConfig]) -> AblateConfig:
@@ -56,7 +56,7 @@ class Steps:
     """Inside the allocation: each run's `srun` prefix, and the time-limit warning passed on."""
 
     def __init__(self, configs: Dict[Combo, AblateConfig]):
-        self.configs, self.warned, self.job = configs, False, os.environ["SLURM_JOB_ID"]
+        self.configs, self.warned, self.job = configs, False, rank_env().slurm_job
         signal.signal(signal.SIGUSR2, self._warn)
 
     def prefix(self, combo: List[str], name: str) -> List[str]:
@@ -109,7 +109,7 @@ def submit(root: Path, driver_args: List[str], configs: Dict[Combo, AblateConfig
 def finish(root: Path, code: int) -> int:
     """The driver's exit code, left for the waiting terminal (the job's own state says less)."""
     if inside() and (root / "slurm").is_dir():
-        (root / "slurm" / f"{os.environ['SLURM_JOB_ID']}.exit").write_text(str(code))
+        (root / "slurm" / f"{rank_env().slurm_job}.exit").write_text(str(code))
     return code
 
 

@@ -19,15 +19,25 @@ from ablate.sweeps import _label, load
 from ablate.train import guards
 
 
-def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float]) -> subprocess.CompletedProcess:
+def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float],
+                grace_s: float = 0) -> subprocess.CompletedProcess:
     """Run one arm (or its batch search) in its own process group; past `timeout` the whole group is killed
-    (its ranks and loader workers too) and the run is named as timed out, while the sweep goes on."""
+    (its ranks and loader workers too) and the run is named as timed out, while the sweep goes on. With
+    `grace_s` (a job step: srun passes SIGTERM on to its tasks on every node, which a SIGKILL to srun
+    alone would leave running) the group gets SIGTERM first, then SIGKILL that much later."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if grace_s:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
         return subprocess.CompletedProcess(cmd, 124, None, f"{err}\ntimed out after {timeout:.0f} s (--run-timeout)")
     return subprocess.CompletedProcess(cmd, proc.returncode, None, err)
@@ -105,6 +115,7 @@ def say(title: str, result, run_dir: Path, tail: str = "") -> None:
 
 
 RERUN_SUFFIX = "_rerun"
+STEP_GRACE_S = 30   # a job step past its timeout: from SIGTERM (srun stops its tasks) to SIGKILL
 PLAN_FILE = "plan.json"   # the call's runs, in order: the same command on the same --dir continues it
 
 
@@ -164,7 +175,7 @@ def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, s
     cmd = [*step, sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
            f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}", *group]
     t0 = time.monotonic()
-    result = run_bounded(cmd, env, timeout)
+    result = run_bounded(cmd, env, timeout, grace_s=STEP_GRACE_S if step else 0)
     spec = load(name).get("sweep", {}).get("batch_search")
     if result.returncode == 0 and spec:   # the search shares its arm's time: the run's limit and --until
         left_for_search = None if timeout is None else timeout - (time.monotonic() - t0)

@@ -41,6 +41,7 @@ class RankEnv:
     slurm_job: Optional[str]    # SLURM_JOB_ID inside a Slurm job (a requeued job resumes its own checkpoint)
     slurm_step: Optional[str]   # SLURM_STEP_ID inside a job step (srun): a task of the job, train here
     submitit: bool              # started by submitit's sbatch script
+    elastic: bool               # TORCHELASTIC_RUN_ID: a rank started by torch elastic (our local launcher, torchrun)
 
     @property
     def in_slurm(self) -> bool:
@@ -59,7 +60,7 @@ def rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
                    node_rank=int(environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or 0),
                    launched=launched, slurm_tasks=slurm_tasks, slurm_job=environ.get("SLURM_JOB_ID"),
                    slurm_step=environ.get("SLURM_STEP_ID"),
-                   submitit="SUBMITIT_EXECUTOR" in environ)
+                   submitit="SUBMITIT_EXECUTOR" in environ, elastic="TORCHELASTIC_RUN_ID" in environ)
 
 
 def _export_slurm_env() -> None:

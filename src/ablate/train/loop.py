@@ -6,6 +6,7 @@ summary. Runs on every rank; rank 0 writes the run directory.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -218,6 +219,10 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             progress.close()
             distributed.teardown(clean=True)
             loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
+            if loop.preemption.orphaned:   # the launcher that would say it is gone: rank 0 says it
+                if env.is_main:
+                    print(f"ablate: {signals.stopped(stop.signum, run_dir, signals.ORPHANED)}", file=sys.stderr,
+                          flush=True)
             raise checkpoint.RunStopped(signals.stopped(stop.signum, run_dir),
                                         exit_code=128 + stop.signum) from None
         except BaseException:

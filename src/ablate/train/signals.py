@@ -16,15 +16,17 @@ from ablate.train.checkpoint import DIRNAME, read_meta
 from ablate.train.distributed import rank_env
 
 
-def stopped(signum: int, run_dir: Path) -> str:
+def stopped(signum: int, run_dir: Path, cause: str = "") -> str:
     """The one line a run stopped by a signal ends with: the checkpoint it left, and how to continue."""
-    name = signal.Signals(signum).name
+    name = cause or f"stopped by {signal.Signals(signum).name}"
     meta = run_dir / DIRNAME / "meta.pt"
     if not meta.is_file():
-        return f"stopped by {name} before a checkpoint was written; nothing to continue from in {run_dir}"
+        return f"{name} before a checkpoint was written; nothing to continue from in {run_dir}"
     step = read_meta(meta.parent)["step"]
-    return f"stopped by {name}: checkpoint at step {step} in {meta.parent}; continue with train.resume={run_dir}"
+    return f"{name}: checkpoint at step {step} in {meta.parent}; continue with train.resume={run_dir}"
 
+
+ORPHANED = "the launching process was killed (its ranks stopped by themselves)"
 
 # One Ctrl-C reaches a rank of a local multi-rank run twice: from the terminal (the whole process group)
 # and from the launcher, which forwards what it got. Copies this close together are one request.
@@ -43,6 +45,10 @@ class Preemption:
         self.previous = {}
         self.slurm = rank_env().in_slurm
         self.world_size = world_size
+        # a rank started by a local launcher (torch elastic: ours, or torchrun) whose launcher is killed outright
+        # (kill -9) has nobody left to say what happened (`orphaned`: rank 0 says it itself)
+        self.parent = os.getppid() if rank_env().elastic else None
+        self.orphaned = False
         signals = (signal.SIGUSR2, signal.SIGTERM) if self.slurm else (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
             try:
@@ -57,6 +63,9 @@ class Preemption:
             raise KeyboardInterrupt   # a second, deliberate Ctrl-C: stop now
 
     def due(self) -> bool:
+        if self.parent and os.getppid() != self.parent:   # the launcher is gone: torch's spawn sends its ranks
+            self.orphaned = True                            # SIGINT then (PR_SET_PDEATHSIG); or nothing at all
+            self.signum = self.signum or signal.SIGTERM
         if self.world_size == 1:
             return self.signum is not None
         flag = torch.tensor([self.signum or 0], dtype=torch.int64)
