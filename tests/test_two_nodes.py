@@ -4,6 +4,7 @@ preemption, failures and sweeps across hosts. The module switches the machine to
 back to what ran before (the one-node cluster in CI)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -106,14 +107,24 @@ def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path):
 
 def test_a_sweep_on_slurm_is_one_allocation_whose_runs_are_job_steps_and_a_second_call_reruns_nothing(tmp_path):
     """#24: `python -m ablate.sweeps c3_no_sync --repeats 2 --dir D -- launcher=slurm launcher.nodes=2 ...`: one
-    job; its 4 runs are 4 job steps of it, each on both nodes; the report is written; the same call again
-    submits nothing and runs nothing."""
-    sweep = tmp_path / "D"
+    job; its 4 runs are 4 job steps of it, each on both nodes; the report is written. Ctrl-C while it waits
+    stops the waiting, not the sweep; the same call then follows that job (no second one) to its report;
+    once every run finished, the same call submits nothing and runs nothing."""
+    sweep, said = tmp_path / "D", tmp_path / "first.txt"
     args = ["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15"]
+    with open(said, "w") as out:
+        first = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    deadline = time.monotonic() + 240
+    while "[1/4] c3_no_sync" not in said.read_text():   # the driver's progress, streamed here from the job
+        assert time.monotonic() < deadline and first.poll() is None, said.read_text()[-3000:]
+        time.sleep(0.3)
+    os.killpg(first.pid, signal.SIGINT)                  # Ctrl-C in the terminal
+    assert first.wait(timeout=30) == 130 and "stopped waiting; the sweep goes on in Slurm job" in said.read_text()
     result = run_module("ablate.sweeps", args, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert result.stdout.count("submitted Slurm job") == 1 and (sweep / "report.csv").exists(), result.stdout
-    assert "[4/4] c3_no_sync" in result.stdout     # the driver's progress, streamed here
+    assert "already runs this sweep: following it" in result.stdout and "submitted" not in result.stdout
+    assert "[4/4] c3_no_sync" in result.stdout and (sweep / "report.csv").exists(), result.stdout[-3000:]
     summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/*/summary.json"))]
     assert len(summaries) == 4
     assert len({s["slurm"]["job_id"] for s in summaries}) == 1

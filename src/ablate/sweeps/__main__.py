@@ -91,6 +91,10 @@ def main(argv: List[str] = None) -> int:
     print(f"{len(runs)} runs ({'up to ' if auto else ''}{repeats} repeat(s), {order}) into {root}", flush=True)
     steps = None
     if allocation.allocates(configs) and not allocation.inside() and unfinished(runs, root, extra):
+        live = allocation.live_job(root)
+        if live:
+            print(f"Slurm job {live} already runs this sweep: following it", flush=True)
+            return allocation.follow(live, root, allocation.largest(configs).launcher.cancel_unrunnable)
         try:   # one Slurm allocation for the whole sweep: this same command is its driver inside it
             return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
         except ConfigError as e:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ablate import compose, launcher
 from ablate.config import AblateConfig, ConfigError
@@ -106,6 +106,16 @@ def submit(root: Path, driver_args: List[str], configs: Dict[Combo, AblateConfig
     return follow(job, root, lc.cancel_unrunnable)
 
 
+def live_job(root: Path) -> Optional[str]:
+    """The Slurm job already running (or queued for) this sweep: one whose log is in D/slurm and that has
+    not left its exit code, and that Slurm still lists. The same command follows it instead of submitting
+    a second driver into the same D."""
+    for log in sorted((root / "slurm").glob("*.out")):
+        if log.stem.isdigit() and not log.with_suffix(".exit").exists() and cluster.queue_state(log.stem):
+            return log.stem
+    return None
+
+
 def finish(root: Path, code: int) -> int:
     """The driver's exit code, left for the waiting terminal (the job's own state says less)."""
     if inside() and (root / "slurm").is_dir():
@@ -135,7 +145,7 @@ def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
     except KeyboardInterrupt:
         watch.end_line()
         print(f"\nablate.sweeps: stopped waiting; the sweep goes on in Slurm job {job} (scancel {job} stops it; "
-              f"the same command continues it, or reports it when it is done)", file=sys.stderr)
+              f"the same command follows it again, or reports it when it is done)", file=sys.stderr)
         return 130
     watch.end_line()
     for log, stream in logs.items():
