@@ -123,6 +123,10 @@ def finish(root: Path, code: int) -> int:
     return code
 
 
+GONE_AFTER_POLLS = 10   # squeue not listing the job this many times in a row (1 s apart): it has ended (one
+# failed squeue, a busy controller, must not end the wait while the job runs)
+
+
 def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
     """The job's state while it waits, then the driver's lines here until it ends (requeues included); the
     driver's exit code. Ctrl-C stops the waiting, not the sweep."""
@@ -131,7 +135,7 @@ def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
     exit_file, started, missing = root / "slurm" / f"{job}.exit", time.monotonic(), 0
     watch = cluster.QueueWatch(job, sys.stderr, sys.stderr.isatty())
     try:
-        while not exit_file.exists() and missing < 3:
+        while not exit_file.exists() and missing < GONE_AFTER_POLLS:
             for log, stream in logs.items():
                 shown[log] = slurm.show_new(log, shown[log], stream=stream, prefix="")
             state = cluster.queue_state(job)
