@@ -160,13 +160,17 @@ def _validate(combo: List[str], hardware: bool) -> None:
         check_hardware(checked)
 
 
+def _config_keys(overrides: List[str]) -> List[str]:
+    """The overrides that shape the config: Hydra's own keys left out, but not its searchpath (more choices)."""
+    return [o for o in overrides if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
+
+
 def checked(combos: List[List[str]]) -> List[AblateConfig]:
     """Each run's typed config, composed as its fresh process will compose it (a sweep's Slurm allocation
-    must hold its largest run). Hydra's own keys do not change the config and are left out."""
+    must hold its largest run)."""
     register()
     with hydra_context():
-        return [validate(compose("config", overrides=[o for o in combo if not o.lstrip("+~").startswith("hydra")]))
-                for combo in combos]
+        return [validate(compose("config", overrides=_config_keys(combo))) for combo in combos]
 
 
 def preflight(argv: List[str], hardware: bool = True) -> None:
@@ -177,8 +181,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
     register()
     overrides, config_dirs = split_argv(argv)
     check_run_dir(overrides, multirun=any(arg in ("-m", "--multirun") for arg in argv))
-    overrides = [o for o in _search_path(overrides, config_dirs)
-                 if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
+    overrides = _config_keys(_search_path(overrides, config_dirs))
     with hydra_context():
         try:
             combos = grid(overrides)
