@@ -73,10 +73,10 @@ SLURM_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_AD
 
 def _rank_env(monkeypatch, nodelist, nodes, per_node, node, local, job_id="4242"):
     """What every task of an sbatch job with --nodes=N --ntasks-per-node=T sees (Slurm's own variables),
-    turned into torch's by the code each task runs (distributed._export_slurm_env)."""
+    turned into torch's by the code each task runs (ranks.export_slurm_env)."""
     import os
 
-    from ablate.train import distributed
+    from ablate.train import distributed, ranks
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)   # as under a plain srun
     for key in SLURM_VARS + ("GROUP_RANK",):
@@ -85,7 +85,7 @@ def _rank_env(monkeypatch, nodelist, nodes, per_node, node, local, job_id="4242"
                        "SLURM_NTASKS": nodes * per_node, "SLURM_NTASKS_PER_NODE": per_node, "SLURM_NODEID": node,
                        "SLURM_LOCALID": local, "SLURM_PROCID": node * per_node + local}.items():
         monkeypatch.setenv(key, str(value))
-    distributed._export_slurm_env()
+    ranks.export_slurm_env()
     os.environ.pop("SUBMITIT_EXECUTOR", None)   # set by the export (see there): leave no trace for other tests
     env = {k: os.environ[k] for k in SLURM_VARS}
     place = distributed.place(distributed.DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])))

@@ -18,11 +18,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ablate import CONF_DIR, compose, launcher
-from ablate.config import AblateConfig, ConfigError, fail
+from ablate.config import AblateConfig, AblateError, ConfigError, RunStopped, exit_code_of
 from ablate.config.store import group_choices, register
 from ablate.train import guards
-from ablate.train.checkpoint import RunStopped
-from ablate.train.distributed import rank_env
+from ablate.train.ranks import rank_env
 
 register()
 
@@ -34,13 +33,9 @@ def start(cfg: DictConfig, checked: AblateConfig, choices: Dict[str, str]):
     resolved = compose.run_record(cfg, checked)
     try:
         return launcher.launch(checked, resolved, run_dir, choices)
-    except ConfigError as e:   # found only once running (e.g. a checkpoint that is not there)
+    except ConfigError:   # found only once running (e.g. a checkpoint that is not there)
         forget_run_dir(run_dir)
-        fail(str(e))
-    except RunStopped as e:    # stopped on purpose: a signal, or training that went non-finite
-        if rank_env().rank == 0:   # under torchrun or srun every rank stops; one says so
-            print(f"ablate: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        raise
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -54,8 +49,11 @@ def hydra_main(cfg: DictConfig):
         checked = compose.validate(cfg, choices)
     except ConfigError as e:
         forget_run_dir(Path(hydra_cfg.runtime.output_dir))
-        fail(str(e))
-    return start(cfg, checked, choices)
+        sys.exit(exit_code_of(e))   # Hydra's own handler would print a traceback
+    try:
+        return start(cfg, checked, choices)
+    except AblateError as e:
+        sys.exit(_said(e))
 
 
 _EXISTED: set = set()   # run dirs named on the command line that were there before this call
@@ -69,6 +67,14 @@ def forget_run_dir(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _said(error: AblateError) -> int:
+    """The one line and exit code of an error that ends the run; under torchrun or srun every rank stops on
+    a signal, and rank 0 alone says so."""
+    if isinstance(error, RunStopped) and rank_env().rank != 0:
+        return error.exit_code
+    return exit_code_of(error)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     _EXISTED.update(Path(a.split("=", 1)[1].strip("'\"")).resolve() for a in argv
@@ -80,8 +86,8 @@ def main() -> None:
             return
         if not checked_by_parent:
             compose.preflight(argv)
-    except ConfigError as e:
-        fail(str(e))
+    except AblateError as e:
+        sys.exit(_said(e))
     hydra_main()
 
 

@@ -21,19 +21,17 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import run_job
-from hydra.errors import MissingConfigException
+from hydra.errors import HydraException, MissingConfigException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from ablate import CONF_DIR, launcher, logger, parallel, precision
+from ablate import CONF_DIR, launcher
 from ablate.config import AblateConfig, ConfigError
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
-from ablate.train import checkpoint, guards
-from ablate.train.distributed import rank_env
+from ablate.train import guards
+from ablate.train.ranks import rank_env
 
-# `<group>.name` -> its implementation: the one registry per group (decoded nowhere else)
-REGISTRIES = {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
-              "launcher": launcher.REGISTRY}
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 TAKES_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                "--experimental-rerun")
@@ -76,6 +74,11 @@ def hydra_context():
         yield
 
 
+# what Hydra and OmegaConf raise for a user's command line or YAML: said in one line. Anything else raised
+# while composing is a bug and keeps its traceback.
+USER_ERRORS = (HydraException, OmegaConfBaseException)
+
+
 def _one_line(e: BaseException) -> ConfigError:
     """Hydra's own error as one line; a missing choice names the group and Hydra's valid choices."""
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
@@ -99,15 +102,27 @@ def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> Ab
     return cfg
 
 
+def registries() -> Dict[str, Mapping]:
+    """`<group>.name` -> its implementation: the one registry per group (decoded nowhere else). Imported when
+    a composed config is checked, not with this module: precision's and parallel's registries bring torch,
+    which a command that Hydra or the schema refuses must not pay for (a refusal costs less than torch)."""
+    from ablate import logger, parallel, precision
+
+    return {"precision": precision.REGISTRY, "parallel": parallel.REGISTRY, "logger": logger.REGISTRY,
+            "launcher": launcher.REGISTRY}
+
+
 def check_choices(cfg: AblateConfig) -> None:
     """Every group's `name` is one its registry implements, and the strategy can run on the ranks asked."""
-    for group, registry in REGISTRIES.items():
+    found = registries()
+    parallel = found["parallel"]
+    for group, registry in found.items():
         name = getattr(cfg, group).name
         if name not in registry:
             raise ConfigError(f"{group}.name={name}: not a valid choice; valid choices: {', '.join(registry)}")
     world = cfg.launcher.world_size
-    if world > 1 and not parallel.REGISTRY[cfg.parallel.name].needs_group:
-        several = [c for c, spec in parallel.REGISTRY.items() if spec.needs_group]
+    if world > 1 and not parallel[cfg.parallel.name].needs_group:
+        several = [c for c, spec in parallel.items() if spec.needs_group]
         raise ConfigError(f"parallel={cfg.parallel.name} with {world} ranks (launcher nodes x nproc_per_node): one "
                           f"process only; valid choices for several ranks: {', '.join(several)}")
 
@@ -154,7 +169,7 @@ def _validate(combo: List[str], hardware: bool) -> None:
         checked = validate(compose("config", overrides=list(combo)))
     except ConfigError:
         raise
-    except Exception as e:
+    except USER_ERRORS as e:
         raise _one_line(e) from None
     if hardware:
         check_hardware(checked)
@@ -185,7 +200,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
     with hydra_context():
         try:
             combos = grid(overrides)
-        except Exception as e:
+        except USER_ERRORS as e:
             raise _one_line(e) from None
         for combo in combos:
             _validate(combo, hardware)
@@ -213,7 +228,7 @@ def is_single_run(argv: List[str]) -> bool:
         return False
     try:
         parsed = OverridesParser.create().parse_overrides(split_argv(argv)[0])
-    except Exception:
+    except USER_ERRORS:
         return False   # Hydra's own message, through preflight
     return not any(o.is_sweep_override() for o in parsed)
 
@@ -223,7 +238,7 @@ def _composed(overrides: List[str]) -> Tuple[DictConfig, Dict[str, str]]:
     try:
         cfg = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.RUN,
                                                           with_log_configuration=True)
-    except Exception as e:
+    except USER_ERRORS as e:
         raise _one_line(e) from None
     return cfg, group_choices(cfg.hydra.runtime.choices)
 
@@ -245,11 +260,13 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
             checked = validate(cfg, choices)
         except ConfigError:
             raise
-        except Exception as e:
+        except USER_ERRORS as e:
             raise _one_line(e) from None
         if checks:
             check_hardware(checked)
         if checked.train.resume:   # what the checkpoint cannot become, refused before Hydra writes .hydra/
+            from ablate.train import checkpoint  # torch.distributed.checkpoint: only a resume reads one
+
             checkpoint.check_resume(checked, run_record(cfg, checked))
         cfg.hydra.mode = RunMode.RUN
         callbacks = Callbacks(cfg)

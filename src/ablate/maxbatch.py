@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 from ablate import units
-from ablate.config import ConfigError
+from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
 
 SET_PER_TRIAL = ("train.batch_size", "train.global_batch_size", "train.steps", "train.warmup_steps",
                  "train.checkpoint_every", "metrics.gemm_probe", "logger", "hydra.run.dir", "train.resume")
@@ -166,13 +166,11 @@ def _parse(argv: List[str]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from ablate.config import fail
-
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         run(args)
-    except ConfigError as e:
-        fail(str(e))
+    except AblateError as e:
+        sys.exit(exit_code_of(e, "ablate.maxbatch"))
 
 
 def compose(overrides: List[str]):
@@ -239,9 +237,9 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
         summary["notes"]["max_batch"] = f"not found: stopped by {stopped} after {len(trials.log)} trials"
     _write(summary, cfg, resolved, choices, run_dir)
     if stopped is not None:
-        print(f"ablate.maxbatch: stopped by {stopped} after {len(trials.log)} trials (largest that fitted: "
-              f"{summary['largest_fit_so_far']}); partial record in {run_dir / 'summary.json'}", file=sys.stderr)
-        raise SystemExit(128 + stopped.signum)
+        raise RunStopped(f"stopped by {stopped} after {len(trials.log)} trials (largest that fitted: "
+                         f"{summary['largest_fit_so_far']}); partial record in {run_dir / 'summary.json'}",
+                         exit_code=128 + stopped.signum)
     return summary
 
 

@@ -80,7 +80,7 @@ def main(argv: List[str] = None) -> None:
 
     from ablate import CONF_DIR
     from ablate.compose import preflight, validate
-    from ablate.config import ConfigError, fail
+    from ablate.config import ConfigError, exit_code_of
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
@@ -93,7 +93,7 @@ def main(argv: List[str] = None) -> None:
         with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="plan"):
             cfg = validate(compose("config", overrides=argv))
     except ConfigError as e:
-        fail(str(e))
+        sys.exit(exit_code_of(e))
     render(plan(cfg))
 
 

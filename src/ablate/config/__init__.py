@@ -4,7 +4,7 @@ errors.py (the one-line user error and its exit) <- fields.py (ranges, choices) 
 per conf group) <- store.py (registered with Hydra's ConfigStore; Hydra's composition made typed).
 compose.py, one level up, composes a command line once and checks the choices against the registries.
 """
-from ablate.config.errors import EXIT_USAGE, ConfigError, fail
+from ablate.config.errors import EXIT_USAGE, AblateError, ConfigError, RunFailed, RunStopped, exit_code_of
 from ablate.config.groups import (
     AblateConfig,
     AllocatorConfig,
@@ -19,6 +19,6 @@ from ablate.config.groups import (
     TrainConfig,
 )
 
-__all__ = ["EXIT_USAGE", "ConfigError", "fail", "AblateConfig", "AllocatorConfig", "DataloaderConfig",
-           "LauncherConfig", "LoggerConfig", "MetricsConfig", "ModelConfig", "NcclConfig", "ParallelConfig",
-           "PrecisionConfig", "TrainConfig"]
+__all__ = ["EXIT_USAGE", "AblateError", "ConfigError", "RunFailed", "RunStopped", "exit_code_of", "AblateConfig",
+           "AllocatorConfig", "DataloaderConfig", "LauncherConfig", "LoggerConfig", "MetricsConfig", "ModelConfig",
+           "NcclConfig", "ParallelConfig", "PrecisionConfig", "TrainConfig"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ablate import units
+from ablate.config import RunFailed
 from ablate.launcher import cluster, slurm
 
 
@@ -90,8 +91,7 @@ def wait_all(jobs: list, cancel_unrunnable: bool) -> None:
         polls += 1
         time.sleep(1)
     if failed:
-        print(f"ablate: {len(failed)} of {len(jobs)} array tasks failed; first: {failed[0]}", file=sys.stderr)
-        raise SystemExit(1)
+        raise RunFailed(f"{len(failed)} of {len(jobs)} array tasks failed; first: {failed[0]}")
 
 
 def _figures(run_dir: Path) -> str:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional
 
 from ablate.config import ConfigError, LauncherConfig
@@ -220,3 +222,18 @@ class QueueWatch:
         if self.open_line:
             self.stream.write("\n")
             self.open_line = False
+
+
+def show_new(path: Path, shown: int, final: bool = False, stream=None, prefix: str = "[slurm] ") -> int:
+    """Print what the log gained since byte `shown` (complete lines until `final`), each line after `prefix`,
+    to `stream` (stderr by default); return the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(shown)
+            new = f.read()
+    except OSError:
+        return shown
+    complete = new if final else new[:new.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        print(f"{prefix}{line}", file=stream or sys.stderr, flush=True)
+    return shown + len(complete)

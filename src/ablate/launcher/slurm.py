@@ -22,7 +22,7 @@ from typing import Dict, Optional
 import submitit
 from submitit.helpers import Checkpointable
 
-from ablate.config import AblateConfig, ConfigError, LauncherConfig
+from ablate.config import AblateConfig, ConfigError, LauncherConfig, RunFailed, RunStopped
 from ablate.launcher import cluster, environment, script
 from ablate.launcher.failures import is_consequence
 from ablate.logger import uses_wandb
@@ -171,7 +171,7 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
     watch = cluster.QueueWatch(job.job_id, sys.stderr, sys.stderr.isatty())
     # submitit asks Slurm about a job at most once a minute; once squeue no longer lists it, ask now
     while not job.done(force_check=left_queue):
-        shown = show_new(job.paths.stderr, shown)
+        shown = cluster.show_new(job.paths.stderr, shown)
         state = cluster.queue_state(job.job_id) if polls % 2 == 0 else None   # squeue every 2 s, not every 1 s
         left_queue = polls % 2 == 0 and state is None and time.monotonic() - started > 2
         polls += 1
@@ -182,7 +182,7 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
                 give_up([job], state[1], cancel_unrunnable)
         time.sleep(1)
     watch.end_line()
-    show_new(job.paths.stderr, shown, final=True)
+    cluster.show_new(job.paths.stderr, shown, final=True)
     try:
         results = job.results()
     except Exception:   # submitit re-raises a task's own error with its traceback text
@@ -191,12 +191,10 @@ def wait_for(job, cancel_unrunnable: bool = True) -> Optional[Dict]:
         hint = _checkpoint_hint(getattr(job, "run_dir", None))
         stopped = (state or "").startswith(("COMPLETED", "CANCELLED", "PREEMPTED"))
         if message in (NO_ERROR, NO_REPORT) and hint and stopped:
-            print(f"ablate: Slurm job {job.job_id} stopped{f' ({state})' if state else ''} without an error{hint}",
-                  file=sys.stderr)
-            raise SystemExit(143) from None
-        print(f"ablate: Slurm job {job.job_id} failed{f' ({state})' if state else ''}: rank {rank} on {host}: "
-              f"{message}{_checkpoint_hint(getattr(job, 'run_dir', None))}", file=sys.stderr)
-        raise SystemExit(1) from None
+            raise RunStopped(f"Slurm job {job.job_id} stopped{f' ({state})' if state else ''} without an error"
+                             f"{hint}", exit_code=143) from None
+        raise RunFailed(f"Slurm job {job.job_id} failed{f' ({state})' if state else ''}: rank {rank} on {host}: "
+                        f"{message}{_checkpoint_hint(getattr(job, 'run_dir', None))}") from None
     return results[0]
 
 
@@ -248,9 +246,8 @@ def give_up(jobs: list, reason: str, cancel: bool) -> None:
     name = f"job {jobs[0].job_id}" if len(jobs) == 1 else f"job array {jobs[0].job_id.split('_')[0]}"
     why = f"Slurm {name} cannot start: {reason}: {cluster.unrunnable(reason)}"
     if not cancel:
-        print(f"ablate: {why}; it stays queued (launcher.cancel_unrunnable=false): scancel "
-              f"{jobs[0].job_id.split('_')[0]}", file=sys.stderr)
-        raise SystemExit(1)
+        raise RunFailed(f"{why}; it stays queued (launcher.cancel_unrunnable=false): scancel "
+                        f"{jobs[0].job_id.split('_')[0]}")
     for job in jobs:
         job.cancel(check=False)
     gone = [forget_run_dir(job.run_dir, None) for job in jobs]
@@ -275,18 +272,3 @@ def _checkpoint_hint(run_dir) -> str:
         return ""
     step = checkpoint.read_meta(ckpt)["step"]
     return f"; checkpoint at step {step}: resume with train.resume={run_dir}"
-
-
-def show_new(path: Path, shown: int, final: bool = False, stream=None, prefix: str = "[slurm] ") -> int:
-    """Print what the log gained since byte `shown` (complete lines until `final`), each line after `prefix`,
-    to `stream` (stderr by default); return the new offset."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(shown)
-            new = f.read()
-    except OSError:
-        return shown
-    complete = new if final else new[:new.rfind(b"\n") + 1]
-    for line in complete.decode(errors="replace").splitlines():
-        print(f"{prefix}{line}", file=stream or sys.stderr, flush=True)
-    return shown + len(complete)

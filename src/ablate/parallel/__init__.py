@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ablate.config import AblateConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from ablate.parallel.base import Breakdown, CommCounter, Strategy
 from ablate.precision import Precision
 
 
@@ -59,7 +58,7 @@ def check(cfg: AblateConfig, has_cuda: bool) -> None:
 
 
 def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: TrainConfig, device,
-          world_size: int) -> Strategy:
+          world_size: int):
     """The strategy for `parallel=`, owning the numerics of `precision=` (see precision.py).
     fp8 layers are converted before torch.compile, which comes before the strategy wraps the model."""
     prec = Precision(precision, device)
@@ -70,10 +69,10 @@ def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: Tr
     return strategy_class(parallel.name)(model, parallel, train, prec, device, world_size)
 
 
-def plan_bytes(numels: List[int], cfg: AblateConfig) -> Breakdown:
+def plan_bytes(numels: List[int], cfg: AblateConfig):
     """Per-rank bytes of parameters, gradients and optimizer state this strategy allocates."""
     return strategy_class(cfg.parallel.name).plan_bytes(numels, cfg.parallel, Precision(cfg.precision),
                                                         cfg.launcher.world_size)
 
 
-__all__ = ["REGISTRY", "Breakdown", "Choice", "CommCounter", "Strategy", "build", "check", "choice", "plan_bytes"]
+__all__ = ["REGISTRY", "Choice", "build", "check", "choice", "plan_bytes"]

@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple
 import yaml
 
 from ablate import SWEEPS_DIR, design
+from ablate.config import ConfigError
 
 SUITE_SUFFIX = ".yml"   # sweeps/<name>.yml lists sweeps (week4); sweeps/<name>.yaml is one sweep (a Hydra config)
 
@@ -43,7 +44,7 @@ def expand(names: List[str]) -> List[str]:
     out = []
     for name in names:
         if name not in available():
-            raise SystemExit(f"ablate.sweeps: error: no sweep '{name}'; valid choices: {', '.join(available())}")
+            raise ConfigError(f"no sweep '{name}'; valid choices: {', '.join(available())}")
         data = load(name)
         out += data["sweeps"] if isinstance(data.get("sweeps"), list) else [name]
     return out

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ablate import compose, launcher
-from ablate.config import AblateConfig, ConfigError
-from ablate.launcher import cluster, script, slurm
-from ablate.train.distributed import rank_env
+from ablate.config import AblateConfig, ConfigError, RunStopped
+from ablate.launcher import cluster, script
+from ablate.train.ranks import rank_env
 
 Combo = Tuple[str, ...]
 
@@ -73,10 +73,10 @@ class Steps:
         """After the warning, before or after run `title`: requeue this job (this process ends with it)."""
         if not self.warned:
             return
-        print(f"{title}: the time-limit warning came (a running run checkpoints and stops); Slurm job {self.job} "
-              f"is requeued and its next attempt continues the sweep, this run again", flush=True)
         subprocess.run(["scontrol", "requeue", self.job], capture_output=True)
-        sys.exit(0)
+        raise RunStopped(f"{title}: the time-limit warning came (a running run checkpoints and stops); Slurm job "
+                         f"{self.job} is requeued and its next attempt continues the sweep, this run again",
+                         exit_code=0)
 
 
 def submit(root: Path, driver_args: List[str], configs: Dict[Combo, AblateConfig], wait: bool) -> int:
@@ -137,7 +137,7 @@ def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
     try:
         while not exit_file.exists() and missing < GONE_AFTER_POLLS:
             for log, stream in logs.items():
-                shown[log] = slurm.show_new(log, shown[log], stream=stream, prefix="")
+                shown[log] = cluster.show_new(log, shown[log], stream=stream, prefix="")
             state = cluster.queue_state(job)
             missing = 0 if state else missing + 1
             if state and state[0] != "RUNNING":
@@ -153,7 +153,7 @@ def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
         return 130
     watch.end_line()
     for log, stream in logs.items():
-        slurm.show_new(log, shown[log], final=True, stream=stream, prefix="")
+        cluster.show_new(log, shown[log], final=True, stream=stream, prefix="")
     if exit_file.exists():
         return int(exit_file.read_text().strip() or 1)
     print(f"ablate.sweeps: Slurm job {job} ended before its sweep did (cancelled or killed); the same command "

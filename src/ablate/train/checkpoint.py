@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ablate import parallel, units
-from ablate.config import ConfigError
+from ablate.config import ConfigError, RunStopped
 from ablate.metrics.comm import all_gather_object
 from ablate.train import manifest
 
@@ -40,14 +40,6 @@ class Preempted(Exception):
     def __init__(self, signum: int, step: int = 0):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum, self.step = signum, step
-
-
-class RunStopped(Exception):
-    """The run ended early on purpose (a stop signal, non-finite training): one line for the user."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def resolve(resume: Optional[str]) -> Optional[Path]:

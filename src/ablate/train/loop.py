@@ -15,7 +15,7 @@ import torch
 
 from ablate import allocator, parallel
 from ablate import precision as precision_group
-from ablate.config import AblateConfig
+from ablate.config import AblateConfig, RunStopped
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
@@ -23,7 +23,7 @@ from ablate.metrics import comm, steady
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
-from ablate.train import checkpoint, distributed, provenance, signals
+from ablate.train import checkpoint, distributed, provenance, ranks, signals
 
 FAILURES_DIR = ".failures"   # <run dir>/.failures/rank{N}.txt: each failing rank's own error, as it happened
 
@@ -130,7 +130,7 @@ class Loop:
         steps count alike) stop the run with one line."""
         limit, bad = self.cfg.train.max_nonfinite_steps, self.meter.consecutive_nonfinite()
         if limit and bad >= limit:
-            raise checkpoint.RunStopped(f"stopped at step {step}: {bad} consecutive steps with a non-finite loss or "
+            raise RunStopped(f"stopped at step {step}: {bad} consecutive steps with a non-finite loss or "
                                         f"gradient norm (train.max_nonfinite_steps={limit}); {self.last_good()}")
 
     def between_steps(self, step: int) -> None:
@@ -145,7 +145,7 @@ class Loop:
         """A checkpoint, never of non-finite weights (the previous one stays the latest)."""
         self.check_finite(step)
         if not self.strategy.state_is_finite():   # NaN weights never recover: stop, keep the last good one
-            raise checkpoint.RunStopped(f"stopped at step {step}: the weights are not finite, so no checkpoint was "
+            raise RunStopped(f"stopped at step {step}: the weights are not finite, so no checkpoint was "
                                         f"written from them; {self.last_good()}")
         self.meter.step_times.take()      # CUDA: the save has synchronised; a resume keeps every step's time
         meta = {"wandb_id": self.tracker.wandb_id, "world_size": self.env.world_size, "totals": self.meter.totals,
@@ -173,7 +173,7 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
     if explicit:
         return explicit
     own = run_dir / checkpoint.DIRNAME
-    return own if (own / "meta.pt").exists() and distributed.rank_env().slurm_job else None
+    return own if (own / "meta.pt").exists() and ranks.rank_env().slurm_job else None
 
 
 def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> Dict[str, object]:
@@ -223,7 +223,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 if env.is_main:
                     print(f"ablate: {signals.stopped(stop.signum, run_dir, signals.ORPHANED)}", file=sys.stderr,
                           flush=True)
-            raise checkpoint.RunStopped(signals.stopped(stop.signum, run_dir),
+            raise RunStopped(signals.stopped(stop.signum, run_dir),
                                         exit_code=128 + stop.signum) from None
         except BaseException:
             tracker.close(exit_code=1)
@@ -249,7 +249,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
                 **params, "numerics": strategy.numerics,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
-                "slurm": distributed.slurm_job(),
+                "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
@@ -263,7 +263,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         clean = True
         return summary if env.is_main else None
     except Exception as e:   # its own error, noted before the peers see the connection close (failures.py)
-        if not isinstance(e, checkpoint.RunStopped):
+        if not isinstance(e, RunStopped):
             failures_dir = run_dir / FAILURES_DIR
             failures_dir.mkdir(parents=True, exist_ok=True)
             (failures_dir / f"rank{env.rank}.txt").write_text(f"{type(e).__name__}: {e}"[:2000])

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ablate.metrics.comm import paused
 from ablate.train.checkpoint import DIRNAME, read_meta
-from ablate.train.distributed import rank_env
+from ablate.train.ranks import rank_env
 
 
 def stopped(signum: int, run_dir: Path, cause: str = "") -> str:

@@ -87,10 +87,12 @@ def call_group(cfg: DictConfig) -> List[str]:
 
 
 def submit_array(points: List[Path], sweep_dir: Path) -> None:
-    from ablate.config import ConfigError, fail
+    """The sweep's points as one Slurm job array; this plugin is an edge of the -m command: ablate's error
+    becomes its line and exit code here."""
+    from ablate.config import AblateError, exit_code_of
     from ablate.launcher import array as slurm_array
 
     try:
         slurm_array.submit(points, sweep_dir)
-    except ConfigError as e:
-        fail(str(e))
+    except AblateError as e:
+        raise SystemExit(exit_code_of(e)) from None

@@ -1,0 +1,103 @@
+"""launcher=local: the ranks on this machine, in this process or as processes of their own.
+
+With nproc_per_node > 1 the ranks are started through torch's elastic launcher API (what torchrun uses):
+each rank gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR, and when one rank fails the agent stops the others
+at once and the failing rank's error is raised (RunFailed) with its root cause. Under an external
+`torchrun` or `srun` (train/ranks.py reads their variables) each process trains where it is.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from ablate.config import AblateConfig, RunFailed, RunStopped
+from ablate.launcher import failures
+from ablate.train import loop as train
+from ablate.train import memory_guard, signals
+from ablate.train.distributed import check_ranks_fit_gpus, device_type
+from ablate.train.ranks import rank_env
+
+
+def check(cfg: AblateConfig) -> None:
+    """What this machine cannot run (precision, strategy, memory), said before any rank starts."""
+    kind = device_type(cfg.train.device)
+    if kind == "cuda":
+        check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
+    train.check_runnable(cfg, torch.device(kind))
+    memory_guard.check_memory(cfg, kind)
+
+
+def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
+    if cfg.launcher.nproc_per_node > 1 and not rank_env().launched:
+        return spawn_local_ranks(cfg, run_dir, resolved, choices, applied)
+    return train.run(cfg, run_dir, resolved, choices, applied)
+
+
+def _rank_entry(cfg, run_dir, resolved, choices, applied):
+    """The top of a spawned rank's process (an edge, like the entry points): a rank that checkpointed on a
+    signal leaves with 128 + the signal, which the parent reads as "stopped", not "failed"."""
+    try:
+        return record(train.run)(cfg, run_dir, resolved, choices, applied)
+    except RunStopped as e:
+        if e.exit_code not in STOP_CODES:
+            raise      # non-finite training: the parent shows this rank's own error
+        sys.exit(e.exit_code)   # checkpointed on a signal: the parent says so once, for every rank
+
+
+STOP_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM}   # a rank that checkpointed and stopped on a signal
+
+
+def _quiet_elastic_logs() -> None:
+    """torch elastic logs each failed rank's whole traceback and each signal it forwards; ablate says the root
+    cause, or where a stopped run can continue, in one line instead (its modules set their own levels)."""
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")] + \
+            ["torch.distributed.elastic"]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _quiet_resource_tracker() -> None:
+    """kill -9 of this process leaves Python's resource tracker (its child, started with this interpreter's
+    -W options) to free the semaphores the launcher made: it frees them and warns in two lines that tell a
+    user nothing; the ranks' own line says what happened (train/signals.py ORPHANED)."""
+    option = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)
+
+
+def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
+                      applied: Dict) -> Optional[Dict]:
+    n = cfg.launcher.nproc_per_node
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          monitor_interval=0.5, start_method="spawn")
+    _quiet_elastic_logs()
+    _quiet_resource_tracker()
+    try:
+        results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
+    except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
+        for sig in (signal.SIGINT, signal.SIGTERM):   # a late copy must not interrupt the exit's own clean-up
+            signal.signal(sig, signal.SIG_IGN)
+        raise RunStopped(signals.stopped(e.sigval, run_dir), exit_code=128 + e.sigval) from None
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
+            raise RunStopped(signals.stopped(max(codes) - 128, run_dir), exit_code=max(codes)) from None
+        (rank, failure), *others = failures.root_cause_first(e.failures)
+        noted = failures.noted_root_cause(run_dir / train.FAILURES_DIR)
+        if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):
+            raise RunFailed(f"rank {noted[0]} failed: {noted[1]} (rank {rank} stopped too: its peer went away)",
+                            exit_code=1) from None
+        also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
+            if others else ""
+        raise RunFailed(f"rank {rank} failed (exit code {failure.exitcode}): {failures.own_error(failure)}{also}",
+                        exit_code=failure.exitcode if failure.exitcode > 0 else 1) from None
+    return results.get(0)

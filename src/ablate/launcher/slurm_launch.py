@@ -1,0 +1,28 @@
+"""launcher=slurm, the registry's entry: refuse what the cluster can never run, then submit the run, queue it
+as one point of a job array, or, inside a job step, train here."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict
+
+from ablate.config import AblateConfig
+from ablate.launcher import array as slurm_array
+from ablate.launcher import slurm
+from ablate.train import loop as train
+from ablate.train.ranks import rank_env
+
+
+def check(cfg: AblateConfig) -> None:
+    """Slurm nodes check their own hardware; here only the request and the cluster."""
+    slurm.check(cfg.launcher)
+
+
+def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):
+    here = rank_env()
+    if here.launched or here.slurm_step is not None:   # a task of a job step (srun, the dry run's script): train here
+        return train.run(cfg, run_dir, resolved, choices, applied)
+    array_file = os.environ.pop("ABLATE_SLURM_ARRAY", None)
+    if array_file:   # one point of a sweep: the sweep's launcher submits all points as one job array
+        return slurm_array.queue(Path(array_file), *slurm.prepare(cfg, resolved, run_dir, choices, applied))
+    return slurm.submit(cfg, resolved, run_dir, choices, applied)

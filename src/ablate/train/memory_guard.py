@@ -1,0 +1,75 @@
+"""A run that cannot fit in memory, refused in one line before any rank allocates: the planner's per-rank
+state plus an activation estimate, times the ranks on this machine, against what this process can have
+(available memory and the cgroup limit; a GPU's memory from NVML, without starting CUDA).
+`train.skip_memory_check=true` overrides.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ablate import nvml, parallel
+from ablate.config import AblateConfig, ConfigError
+from ablate.model import param_numels
+from ablate.units import fmt
+
+RUNTIME_BYTES = 600e6   # python + torch + the data loader per process, measured here: ~350 MB peak RSS tiny
+
+
+def activation_bytes(cfg: AblateConfig) -> float:
+    """A rough upper estimate of one rank's activations for one micro-step: per layer ~(16 d + 6 f) values
+    per token (inputs of each matmul, norms, SwiGLU), plus the logits and their gradient; with activation
+    checkpointing only each block's input and one block at a time. 4 bytes a value (fp32 autocast inputs)."""
+    m, t = cfg.model, cfg.train
+    tokens = t.batch_size * t.seq_len
+    per_layer = tokens * (16 * m.dim + 6 * m.ffn_hidden) * 4
+    layers = (m.n_layers * tokens * m.dim * 4 + per_layer) if m.activation_checkpointing else m.n_layers * per_layer
+    return layers + 2 * tokens * m.vocab_size * 4
+
+
+def available_cpu_bytes() -> float:
+    import psutil
+
+    limit = float("inf")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+            limit = min(limit, float(text)) if text.isdigit() else limit
+        except OSError:
+            continue
+    return min(psutil.virtual_memory().available, limit)
+
+
+def gpu_bytes() -> Optional[float]:
+    """Memory of this process's first GPU (torch's device 0, as CUDA_VISIBLE_DEVICES names it) from NVML,
+    which creates no CUDA context; None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return float(pynvml.nvmlDeviceGetMemoryInfo(nvml.handle(pynvml, 0)).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def check_memory(cfg: AblateConfig, device_type: str) -> None:
+    if cfg.train.skip_memory_check:
+        return
+    state = parallel.plan_bytes(param_numels(cfg), cfg).total
+    per_rank = state + activation_bytes(cfg)
+    if device_type == "cuda":
+        have, where, need = gpu_bytes(), "this GPU has", per_rank
+    else:
+        have, where = available_cpu_bytes(), "this machine has available"
+        need = cfg.launcher.nproc_per_node * (per_rank + RUNTIME_BYTES)
+    if have is None or need <= have:
+        return
+    raise ConfigError(
+        f"model={cfg.model.name}: needs about {fmt('bytes', need)} ({cfg.launcher.nproc_per_node} rank(s) x "
+        f"{fmt('bytes', state)} model state (ablate.plan) + {fmt('bytes', activation_bytes(cfg))} activations"
+        f"{' + runtime' if device_type != 'cuda' else ''}), {where} {fmt('bytes', have)}; what would fit: a smaller "
+        "model, parallel=zero3 or fsdp2 over more ranks, activation checkpointing or a smaller batch "
+        "(or train.skip_memory_check=true)")

@@ -1,0 +1,94 @@
+"""The rank environment (torchrun / our local launcher / srun / submitit): where this process sits in a job.
+
+`rank_env()` is the one reader of the variables a launcher gives its ranks (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK) and of Slurm's (SLURM_*); every other module asks it. No torch here: the
+command line asks it while composing (which rank owns the run dir) and must stay cheap.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """This process's place in a job, as the process environment says it."""
+    rank: int                   # RANK, or SLURM_PROCID in a Slurm step of several tasks; else 0
+    world_size: int
+    local_rank: int
+    local_world_size: int       # LOCAL_WORLD_SIZE, or SLURM_NTASKS_PER_NODE
+    node_rank: int              # SLURM_NODEID, or torchrun's GROUP_RANK
+    launched: bool              # started as one rank of several (torchrun, srun, our launcher): train here
+    slurm_tasks: int            # SLURM_NTASKS (1 outside a Slurm step)
+    slurm_job: Optional[str]    # SLURM_JOB_ID inside a Slurm job (a requeued job resumes its own checkpoint)
+    slurm_step: Optional[str]   # SLURM_STEP_ID inside a job step (srun): a task of the job, train here
+    submitit: bool              # started by submitit's sbatch script
+    elastic: bool               # TORCHELASTIC_RUN_ID: a rank started by torch elastic (our local launcher, torchrun)
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.submitit or self.slurm_job is not None
+
+
+def rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
+    """The rank environment, read now (a Slurm step's variables become RANK... once `setup` exported them)."""
+    slurm_tasks = int(environ.get("SLURM_NTASKS", "1"))
+    launched = "RANK" in environ or slurm_tasks > 1
+    rank = environ.get("RANK") or (environ.get("SLURM_PROCID") if launched else None) or 0
+    local_rank = int(environ.get("LOCAL_RANK", 0))
+    return RankEnv(rank=int(rank), world_size=int(environ.get("WORLD_SIZE", 1)), local_rank=local_rank,
+                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE") or environ.get("SLURM_NTASKS_PER_NODE")
+                                        or local_rank + 1),
+                   node_rank=int(environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or 0),
+                   launched=launched, slurm_tasks=slurm_tasks, slurm_job=environ.get("SLURM_JOB_ID"),
+                   slurm_step=environ.get("SLURM_STEP_ID"),
+                   submitit="SUBMITIT_EXECUTOR" in environ, elastic="TORCHELASTIC_RUN_ID" in environ)
+
+
+def export_slurm_env() -> None:
+    """Inside a Slurm step with several tasks: RANK, WORLD_SIZE, MASTER_ADDR... from Slurm's variables."""
+    if "RANK" in os.environ or rank_env().slurm_tasks <= 1:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # submitit finds Slurm by this variable, which only its own sbatch scripts export: a plain `srun python
+    # -m ablate` (or an sbatch script of the user's) is a Slurm job all the same
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# what a world of one sets for itself (and takes back at teardown): the variables every launcher gives
+# its ranks. DeepSpeed asserts LOCAL_RANK even for one process (deepspeed/runtime/engine.py,
+# _do_args_sanity_check), and gloo's env:// rendezvous reads MASTER_ADDR/PORT.
+_SET_FOR_ONE: List[str] = []
+
+
+def be_a_world_of_one() -> None:
+    values = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for key, value in values.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _SET_FOR_ONE.append(key)
+
+
+def forget_world_of_one() -> None:
+    """A run inside a longer-lived process (tests, a caller) leaves no rank variable behind."""
+    while _SET_FOR_ONE:
+        os.environ.pop(_SET_FOR_ONE.pop(), None)
+
+
+def slurm_job(environ: Mapping[str, str] = os.environ) -> Optional[Dict[str, object]]:
+    """summary.json's `slurm`: the job, the job step and the nodes this run ran in (None outside Slurm)."""
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    return {"job_id": environ["SLURM_JOB_ID"], "step_id": environ.get("SLURM_STEP_ID"),
+            "nodelist": environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")}
