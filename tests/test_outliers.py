@@ -182,13 +182,14 @@ def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_reru
 
 @pytest.mark.slow
 def test_a_slowed_rank_is_named_the_straggler_though_ddp_evens_out_step_times(tmp_path):
-    """Rank 1 sleeps 50 ms before each step (ABLATE_INJECT_DELAY): both ranks' step times stay alike (the
+    """Rank 1 sleeps 50 ms before each step (a planted step hook): both ranks' step times stay alike (the
     all-reduce waits for it), its work before the first collective does not, and it is named."""
     from conftest import run_cli
+    from planted import planted
 
     result = run_cli(["parallel=ddp", "launcher.nproc_per_node=2", "train.steps=12", "train.warmup_steps=2",
                       "logger=none", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"],
-                     env={"ABLATE_INJECT_DELAY": "1:0.05"})
+                     env=planted(delay="1:0.05"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     ranks = {r["rank"]: r for r in summary["per_rank"]}

@@ -8,6 +8,7 @@ from ablate import parallel
 from ablate.compose import validate
 from ablate.plan import param_numels
 from conftest import RUN_COMMON, compose_cfg, run_cli
+from planted import planted
 
 pytestmark = pytest.mark.slow
 STRATEGIES = ["ddp", "ddp_sync", "fsdp2", "zero1", "zero2", "zero3"]
@@ -81,7 +82,7 @@ def test_no_sync_sends_exactly_one_eighth_of_the_bytes(trained):
 def test_a_failing_rank_stops_the_job_with_its_error(tmp_path):
     started = time.monotonic()
     result = run_cli([*COMMON, "train.steps=50", "launcher.nproc_per_node=2", "parallel=ddp",
-                      f"hydra.run.dir={tmp_path}"], env={"ABLATE_INJECT_FAILURE": "1:3"}, timeout=120)
+                      f"hydra.run.dir={tmp_path}"], env=planted(failure="1:3"), timeout=120)
     assert time.monotonic() - started < 60
     assert result.returncode != 0
     assert "rank 1 failed" in result.stderr and "injected failure on rank 1 at step 3" in result.stderr

@@ -13,6 +13,7 @@ import pytest
 
 import slurm_cluster
 from conftest import REPO, read_jsonl, run_cli, run_module
+from planted import planted
 
 pytestmark = pytest.mark.slow
 TWO_NODES = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "launcher.gpus_per_node=0",
@@ -75,7 +76,7 @@ def test_a_failure_on_node2_ends_the_job_and_shows_node2s_error_here(tmp_path):
     started = time.monotonic()
     result = run_cli([*TWO_NODES, "parallel=ddp", "launcher.wait=true", "train.steps=200", "train.log_every=5",
                       "dataloader.read_latency_ms=20", f"hydra.run.dir={tmp_path}"],
-                     env={"ABLATE_INJECT_FAILURE": "1:3"}, timeout=300)
+                     env=planted(failure="1:3"), timeout=300)
     took = time.monotonic() - started
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]

@@ -5,9 +5,7 @@ summary. Runs on every rank; rank 0 writes the run directory.
 """
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -23,7 +21,7 @@ from ablate.metrics import comm, steady
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build_model, count_params
-from ablate.train import checkpoint, distributed, provenance, ranks, signals
+from ablate.train import checkpoint, distributed, hooks, provenance, ranks, signals
 
 FAILURES_DIR = ".failures"   # <run dir>/.failures/rank{N}.txt: each failing rank's own error, as it happened
 
@@ -42,18 +40,6 @@ def build(cfg: AblateConfig, env: distributed.DistEnv):
     return params, strategy
 
 
-def injected_delay() -> tuple:
-    """ABLATE_INJECT_DELAY=RANK:SECONDS makes that rank sleep before each step's work: a planted straggler."""
-    spec = os.environ.get("ABLATE_INJECT_DELAY")
-    return (int(spec.split(":")[0]), float(spec.split(":")[1])) if spec else (None, 0.0)
-
-
-def injected_failure():
-    """ABLATE_INJECT_FAILURE=RANK:STEP makes that rank raise at that step: tests of failure paths."""
-    spec = os.environ.get("ABLATE_INJECT_FAILURE")
-    return tuple(int(v) for v in spec.split(":")) if spec else (None, None)
-
-
 class Loop:
     """The steps themselves, plus what happens between them: checkpoints, stop signals, and the
     non-finite rule (checked at log steps and before every checkpoint: no host sync per step)."""
@@ -66,6 +52,7 @@ class Loop:
         self._profile_logged = False
         self.preemption = signals.Preemption(env.world_size)
         self.saved_step: Optional[int] = None
+        self.hooks = hooks.load()   # ABLATE_STEP_HOOKS: called as each step begins (train/hooks.py)
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
@@ -81,8 +68,6 @@ class Loop:
 
     def run(self, start_step: int) -> None:
         t = self.cfg.train
-        fail_rank, fail_step = injected_failure()
-        slow_rank, delay_s = injected_delay()
         first_measured = min(start_step + t.warmup_steps + 1, t.steps)
         self.meter.excluded["warmup"] = list(range(start_step + 1, first_measured))
         traced = set(self.profiler.traced_steps(start_step + 1))
@@ -91,11 +76,9 @@ class Loop:
                 self.meter.start_measuring()
             if step in traced:
                 self.meter.exclude_from(step)
-            if (self.env.rank, step) == (fail_rank, fail_step):
-                raise RuntimeError(f"injected failure on rank {self.env.rank} at step {step} (ABLATE_INJECT_FAILURE)")
             self.meter.step_begins(step)
-            if self.env.rank == slow_rank:
-                time.sleep(delay_s)
+            for hook in self.hooks:
+                hook(self.env.rank, step)
             self.micro_steps()
             self.meter.clock.begin()
             grad_norm = self.strategy.step(measure_state=step == t.steps)

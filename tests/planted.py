@@ -1,0 +1,35 @@
+"""Faults the tests plant in a real run through ablate's step hooks (src/ablate/train/hooks.py), never in
+the training loop: `planted(failure="1:3")` is the environment that makes rank 1 raise at step 3,
+`planted(delay="1:0.05")` the one that makes rank 1 sleep 50 ms before each step (a straggler)."""
+import os
+import time
+from pathlib import Path
+from typing import Dict
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def planted(failure: str = None, delay: str = None) -> Dict[str, str]:
+    env, hooks = {}, []
+    if failure:
+        env["PLANTED_FAILURE"] = failure
+        hooks.append("planted:fail_at")
+    if delay:
+        env["PLANTED_DELAY"] = delay
+        hooks.append("planted:sleep_before")
+    path = [TESTS, *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**env, "ABLATE_STEP_HOOKS": ",".join(hooks), "PYTHONPATH": os.pathsep.join(path)}
+
+
+def fail_at(rank: int, step: int) -> None:
+    """PLANTED_FAILURE=RANK:STEP: that rank raises at that step."""
+    want_rank, want_step = (int(v) for v in os.environ["PLANTED_FAILURE"].split(":"))
+    if (rank, step) == (want_rank, want_step):
+        raise RuntimeError(f"injected failure on rank {rank} at step {step} (planted)")
+
+
+def sleep_before(rank: int, step: int) -> None:
+    """PLANTED_DELAY=RANK:SECONDS: that rank sleeps before each step's work."""
+    want_rank, seconds = os.environ["PLANTED_DELAY"].split(":")
+    if rank == int(want_rank):
+        time.sleep(float(seconds))
