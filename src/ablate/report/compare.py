@@ -8,7 +8,6 @@ compared by the knob(s) their configs differ in, without a claim. Never imports 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,18 +52,13 @@ class Check:
     other_way: str = ""       # the estimate and verdict with the outliers the other way (outliers.py)
 
 
-def _median(values) -> Optional[float]:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
 # "expected here": what the claim predicts for the runs' own shape and scale, where ablate can compute it
 EXPECTED: Dict[str, Callable] = {
     # full partitioning leaves 1/world of the replicated state on each rank
     "partition": lambda b, t: 1 - 1 / t[0].summary.get("world_size", 1),
     # the article's 8N rule for this model's shape (full recompute of each block; LM head not checkpointed)
-    "full_recompute": lambda b, t: _median(x.metric("flops_per_token_full_recompute") for x in t)
-    / _median(x.metric("flops_per_token") for x in b),
+    "full_recompute": lambda b, t: stats.central(x.metric("flops_per_token_full_recompute") for x in t)
+    / stats.central(x.metric("flops_per_token") for x in b),
     # hiding all of the baseline's data wait speeds a step up by 1 / (1 - wait share), as far as the
     # treatment's loader keeps up (loader_capacity)
     "hidden_wait": lambda b, t: loader_capacity(b, t)["expected"],
@@ -76,8 +70,8 @@ def loader_capacity(base: List[R.Run], treat: List[R.Run]) -> Dict[str, float]:
     second, and the step, once its wait is hidden, asks for grad_accum batches per (baseline step less its
     wait). The expected speed-up is the baseline step over the longer of that compute time and the
     loader's time per step."""
-    step = _median(x.metric("step_time_s") for x in base)
-    wait = _median(x.metric("data_wait_frac") for x in base)
+    step = stats.central(x.metric("step_time_s") for x in base)
+    wait = stats.central(x.metric("data_wait_frac") for x in base)
     loader, accum = treat[0].config.get("dataloader", {}), treat[0].config.get("train", {}).get("grad_accum", 1)
     workers, latency_s = loader.get("num_workers") or 0, (loader.get("read_latency_ms") or 0) / 1e3
     compute = step * (1 - wait)
@@ -170,7 +164,7 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
                  tolerance, better, est.median if est else None, est.ci_low if est else None,
                  est.ci_high if est else None, est.n if est else len(base), bool(est and est.exact), verdict,
                  reason or "", str(sweep.get("baseline")), str(sweep.get("treatment")),
-                 _median(r.metric(metric) for r in base), _median(r.metric(metric) for r in treat),
+                 stats.central(r.metric(metric) for r in base), stats.central(r.metric(metric) for r in treat),
                  "; ".join(sorted({r.hardware for r in every})), " ".join(str(r.path) for r in every),
                  " ".join(r.path.name for r in every if str(r.path) in (flagged or {}))
                  + " ".join(group.replaced[str(r.path)].path.name for r in every if str(r.path) in group.replaced),

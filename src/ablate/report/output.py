@@ -123,8 +123,8 @@ def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
     for role, arm in group.arms.items():
         cells = []
         for key in ARM_COLUMNS:
-            values = [v for v in arm.values(key) if v is not None]
-            cells.append(units.fmt(key, sorted(values)[len(values) // 2]) if values else "—")
+            value = stats.central(arm.values(key))
+            cells.append(units.fmt(key, value) if value is not None else "—")
         cells.append(stragglers(arm.runs))
         lines.append(f"| {role} (`{arm.value}`, n={len(arm.runs)}) | " + " | ".join(cells) + " |")
     if group.unpaired:
@@ -159,8 +159,8 @@ def panel_data(group, check) -> Dict[str, object]:
     for role, arm in group.arms.items():
         values = [v for v in arm.values(check.metric) if v is not None]
         lo, hi = stats.spread(values, share=units.is_fraction(check.metric))
-        arms.append({"role": role, "label": f"{arm.value}", "median": sorted(values)[len(values) // 2] if values
-                     else None, "ci_low": lo, "ci_high": hi, "n": len(values)})
+        arms.append({"role": role, "label": f"{arm.value}", "median": stats.central(values), "ci_low": lo,
+                     "ci_high": hi, "n": len(values)})
     target = check.expected_here if check.expected_here is not None else check.claimed
     base = check.baseline_value
     line = None

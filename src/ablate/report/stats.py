@@ -27,6 +27,14 @@ import statistics
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+
+def central(values) -> Optional[float]:
+    """An arm's central value, the one definition the arm table, report.csv, the plot data and the PNG read:
+    the median (for an even n the mean of the middle two, so two runs show their mean, not the larger one);
+    None-valued figures left out, None when nothing is left."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
 RATIO_KINDS = ("ratio", "reduction")
 NO_CHANGE = {"ratio": 1.0, "reduction": 0.0, "difference": 0.0}
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not measurable here", "no claim")
