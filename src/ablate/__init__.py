@@ -1,4 +1,5 @@
 """ablate: a Hydra-driven experiment and ablation harness for PyTorch training."""
+import os
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -7,3 +8,10 @@ __version__ = "0.1.0"
 # the repository root links to them as conf/ and sweeps/. conf/sweeps is the `sweeps` group.
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 SWEEPS_DIR = CONF_DIR / "sweeps"
+
+
+def user_cache_dir() -> Path:
+    """Where measured peaks and the host's noise floor are kept between runs: ABLATE_CACHE_DIR, else
+    $XDG_CACHE_HOME/ablate (~/.cache/ablate)."""
+    return Path(os.environ.get("ABLATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "ablate"
+                ).expanduser()

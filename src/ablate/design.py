@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Dict, List, Optional
 
-import pyDOE3
-
 
 @dataclass
 class Design:
@@ -38,6 +36,8 @@ def letters(factors: Dict[str, list]) -> Dict[str, str]:
 
 
 def build(factors: Dict[str, list], fraction: Optional[str] = None) -> Design:
+    import pyDOE3  # scipy.stats comes with it (2 s): imported when a factorial is planned, not with ablate.sweeps
+
     knobs = list(factors)
     if len(knobs) < 2 or any(len(levels) < 2 for levels in factors.values()):
         raise ValueError("a factorial design needs two or more factors, each with two or more levels")

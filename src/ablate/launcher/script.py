@@ -2,7 +2,7 @@
 
 `sbatch <run dir>/sbatch.sh` runs the same command inside the allocation: every task is one rank
 (`srun python -m ablate <the same overrides>`: a task inside a Slurm job step trains where it is,
-launcher/__init__.py). What it carries:
+launcher/slurm_launch.py). What it carries:
 - logs in <run dir>/slurm/, made when the script is written (Slurm does not create an --output folder);
 - `--requeue`, `--open-mode=append` and `--signal=USR2@<launcher.signal_delay_s>`: the loop checkpoints on
   the warning and the job is requeued; a requeued attempt (SLURM_RESTART_COUNT > 0) resumes from the run
@@ -50,7 +50,7 @@ def command(overrides: List[str], run_dir: Path) -> str:
 
 def job_step(lc: LauncherConfig, name: str) -> List[str]:
     """`srun` for one run of a sweep inside the sweep's allocation: its own nodes and one task per rank
-    (each task trains where it is: launcher/__init__.py); one failing task ends the step."""
+    (each task trains where it is: launcher/slurm_launch.py); one failing task ends the step."""
     gpus = [f"--gpus-per-node={lc.gpus_per_node}"] if lc.gpus_per_node else []
     return ["srun", f"--job-name={name}", f"--nodes={lc.nodes}", f"--ntasks-per-node={lc.nproc_per_node}",
             f"--cpus-per-task={lc.cpus_per_task}", *gpus, "--kill-on-bad-exit=1", "--unbuffered"]

@@ -20,15 +20,11 @@ from typing import Dict, Optional
 
 import torch
 
+from ablate import user_cache_dir
 from ablate.metrics import flops as F
 from ablate.precision import numerics
 
 USER_CACHE_MAX_AGE_S = 24 * 3600
-
-
-def user_cache_dir() -> Path:
-    return Path(os.environ.get("ABLATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "ablate"
-                ).expanduser()
 
 
 @contextmanager

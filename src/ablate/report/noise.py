@@ -18,7 +18,7 @@ import statistics
 from datetime import datetime
 from typing import Dict, List, Optional
 
-from ablate.metrics.peak import user_cache_dir
+from ablate import user_cache_dir
 from ablate.report import runs as R
 
 Z95 = 1.959964
