@@ -20,8 +20,12 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(PY) -m ablate
 
+# make test: the tests that compare no timings on 3 workers (pytest-xdist; the Slurm tests on one of them,
+# the tests sharing the `trained` runs on one), then the ones that compare timings alone (-m serial).
+XDIST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(XDIST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest -m serial $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check src tests bench

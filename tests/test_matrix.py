@@ -11,7 +11,7 @@ from ablate.compose import preflight
 from ablate.config import ConfigError
 from conftest import run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trained")]   # shares `trained` runs
 CASES = [(p, q, n) for p in parallel.REGISTRY for q in precision.REGISTRY for n in (1, 2)]
 
 

@@ -126,6 +126,7 @@ def test_mfu_against_one_peak_compares_arms_as_speeds(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_real_run_paused_mid_run_records_the_stall_and_keeps_its_steady_speed(tmp_path):
     """SIGSTOP for 3 s once steps are logged (as another job or a debugger would): the stall is in
     summary.json, and the median-step tokens/s stays near the run's own pace, unlike the wall figure."""
@@ -158,6 +159,7 @@ def test_a_real_run_paused_mid_run_records_the_stall_and_keeps_its_steady_speed(
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_rerun(tmp_path):
     """Three planted A/A runs per arm, one 3x slow; ablate.sweeps' rerun step runs that arm again for real."""
     import os
@@ -181,6 +183,7 @@ def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_reru
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_slowed_rank_is_named_the_straggler_though_ddp_evens_out_step_times(tmp_path):
     """Rank 1 sleeps 50 ms before each step (a planted step hook): both ranks' step times stay alike (the
     all-reduce waits for it), its work before the first collective does not, and it is named."""

@@ -10,7 +10,7 @@ from ablate.plan import param_numels
 from conftest import RUN_COMMON, compose_cfg, run_cli
 from planted import planted
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trained")]   # shares `trained` runs
 STRATEGIES = ["ddp", "ddp_sync", "fsdp2", "zero1", "zero2", "zero3"]
 COMMON = RUN_COMMON
 

@@ -28,6 +28,7 @@ def last_to_arrive(summary: dict, key: str) -> float:
     return min(r[key] for r in summary["per_rank"])
 
 
+@pytest.mark.serial
 def test_no_sync_exposes_less_communication_than_syncing_every_micro_step(tmp_path):
     synced = profiled(tmp_path, "sync", "train.grad_accum=8", "parallel.no_sync=false")
     deferred = profiled(tmp_path, "nosync", "train.grad_accum=8", "parallel.no_sync=true")
@@ -44,6 +45,7 @@ def test_no_sync_exposes_less_communication_than_syncing_every_micro_step(tmp_pa
     assert last_to_arrive(deferred, "comm_exposed_s") < last_to_arrive(synced, "comm_exposed_s")
 
 
+@pytest.mark.serial
 def test_small_buckets_overlap_more_than_one_huge_bucket(tmp_path):
     small = profiled(tmp_path, "small", "parallel.bucket_cap_mb=1")
     huge = profiled(tmp_path, "huge", "parallel.bucket_cap_mb=1000")

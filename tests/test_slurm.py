@@ -13,7 +13,7 @@ from conftest import REPO, read_jsonl, run_cli
 from planted import planted
 from slurm_cluster import job_id, submit_and_wait_for_metrics, wait_releasing_requeue_holds
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
 LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
              "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.timeout_min=5", "parallel=ddp",
              "logger=none", "metrics.gemm_probe_n=128"]

@@ -15,7 +15,7 @@ import slurm_cluster
 from conftest import REPO, read_jsonl, run_cli, run_module
 from planted import planted
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
 TWO_NODES = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "launcher.gpus_per_node=0",
              "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.timeout_min=5", "logger=none",
              "metrics.gemm_probe_n=128"]

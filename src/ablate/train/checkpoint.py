@@ -22,7 +22,6 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from ablate import parallel, units
 from ablate.config import ConfigError, RunStopped
@@ -159,7 +158,9 @@ def load(path: Path, strategy, env) -> Dict:
                 failed = None
             except ConfigError:
                 raise
-            except (Exception, CheckpointException) as e:    # DCP's CheckpointException is a BaseException
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:   # DCP's CheckpointException is a BaseException (fsdp2 imports DCP, not this)
                 failed = f"cannot be read ({describe(e)})"
             problems = _agreed(failed, env)
         if problems:
