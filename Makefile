@@ -31,7 +31,7 @@ lint: setup
 	$(PY) -m ruff check src tests bench
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs multirun outputs .pytest_cache

@@ -60,6 +60,19 @@ def run_in_process(tmp_path: Path, overrides: List[str] = ()) -> Dict:
     return launcher.launch(typed, resolved, tmp_path, {"precision": typed.precision.name})
 
 
+def main_in_process(monkeypatch, args: List[str]) -> int:
+    """`python -m ablate ARGS` as its main() in this process (no interpreter and imports to pay for): the exit
+    code it would leave with (0 when main returned)."""
+    from ablate import __main__ as entry
+
+    monkeypatch.setattr(sys, "argv", ["ablate", *args])
+    try:
+        entry.main()
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
 def run_cli(args: List[str], cwd: Path = REPO, timeout: int = 600, env: Dict[str, str] = None):
     """`python -m ablate ARGS` in a real subprocess."""
     full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}

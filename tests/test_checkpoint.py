@@ -20,8 +20,9 @@ def test_single_process_resume_is_exact(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trained")   # the uninterrupted reference is the choice matrix's run of the strategy
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "zero3"])
-def test_distributed_resume_matches_an_uninterrupted_run(tmp_path, parallel):
+def test_distributed_resume_matches_an_uninterrupted_run(tmp_path, parallel, trained):
     args = [*COMMON, "launcher.nproc_per_node=2", f"parallel={parallel}"]
 
     def run(name, *extra):
@@ -29,7 +30,7 @@ def test_distributed_resume_matches_an_uninterrupted_run(tmp_path, parallel):
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads((tmp_path / name / "summary.json").read_text())
 
-    reference = run("ref", "train.steps=6")
+    reference, _ = trained(parallel, "fp32", 2)   # 6 steps, as here (its measurement warm-up trains the same)
     run("first", "train.steps=4", "train.checkpoint_every=2")
     resumed = run("second", "train.steps=6", f"train.resume={tmp_path / 'first'}")
     assert resumed["resumed_from_step"] == 4

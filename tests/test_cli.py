@@ -2,7 +2,7 @@
 nothing created or touched."""
 import pytest
 
-from conftest import run_cli
+from conftest import main_in_process, run_cli
 
 BAD = [
     (["precision=fp12"], "valid choices: bf16, fp16, fp32, fp8"),
@@ -52,13 +52,15 @@ def test_more_bad_values_are_one_line(tmp_path, args, needle):
     assert needle in result.stderr and not (tmp_path / "new").exists()
 
 
-def test_a_users_own_config_dir_adds_choices(tmp_path):
+def test_a_users_own_config_dir_adds_choices(tmp_path, monkeypatch):
+    """The run in this process (main(), as `python -m ablate` calls it); the refusal typed."""
     mine = tmp_path / "conf" / "model"
     mine.mkdir(parents=True)
     (mine / "mine.yaml").write_text("name: mine\ndim: 32\nn_layers: 1\nn_heads: 2\nn_kv_heads: 1\nffn_hidden: 64\n")
-    result = run_cli(["--config-dir", str(tmp_path / "conf"), "model=mine", "logger=none", "train.steps=3",
-                      "train.warmup_steps=1", "metrics.gemm_probe_n=64", f"hydra.run.dir={tmp_path}/run"])
-    assert result.returncode == 0, result.stderr[-2000:]
+    code = main_in_process(monkeypatch, ["--config-dir", str(tmp_path / "conf"), "model=mine", "logger=none",
+                                         "train.steps=3", "train.warmup_steps=1", "metrics.gemm_probe_n=64",
+                                         f"hydra.run.dir={tmp_path}/run"])
+    assert code == 0
     assert (tmp_path / "run" / "summary.json").exists()
     wrong = run_cli(["--config-dir", str(tmp_path / "conf"), "model=nine", f"hydra.run.dir={tmp_path}/x"])
     assert wrong.returncode == 2 and "valid choices: 1b, 70b, 8b, mine, small, tiny" in wrong.stderr

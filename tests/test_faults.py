@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ablate.train import checkpoint, guards, manifest
-from conftest import REPO, read_jsonl, run_cli
+from conftest import REPO, main_in_process, read_jsonl, run_cli
 
 FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
 
@@ -23,9 +23,8 @@ def one_line(result) -> str:
     return lines[0]
 
 
-def test_a_second_run_into_a_run_dir_is_refused_and_the_first_is_intact(tmp_path):
-    first = run_cli([*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"])
-    assert first.returncode == 0, first.stderr[-2000:]
+def test_a_second_run_into_a_run_dir_is_refused_and_the_first_is_intact(tmp_path, monkeypatch):
+    assert main_in_process(monkeypatch, [*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"]) == 0
     before = (tmp_path / "metrics.jsonl").read_text()
     again = run_cli([*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"])
     assert again.returncode == 2 and "already holds a run" in one_line(again)

@@ -44,24 +44,23 @@ WORKLOAD = ["model=tiny", "model.max_seq_len=1024", "train.seq_len=1024"]
 def test_a_larger_budget_finds_a_larger_batch_on_this_cpu(tmp_path):
     """Measured here (tiny model, 1024 tokens, 3 steps): peak RSS ~0.66 GB at batch 16, ~0.94 GB at 32,
     ~1.2 GB at 48, ~1.5 GB at 64: about 18 MB per sequence over ~0.37 GB of runtime and model. In steps
-    of 16: a 0.8 GB budget holds 16 and not 32; a 1.4 GB budget holds 48 and not 64. Activations decide."""
-    found = {}
-    for budget, logger in (("0.8", "logger=wandb"), ("1.4", "logger=none")):
-        run_dir = tmp_path / budget
-        result = run_module("ablate.maxbatch", ["--mem-budget-gb", budget, "--multiple-of", "16", "--steps", "3",
-                                                "--", *WORKLOAD, logger, f"hydra.run.dir={run_dir}"], timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        summary = json.loads((run_dir / "summary.json").read_text())
-        found[budget] = summary["max_batch"]
-        assert summary["figure"] == "mem_peak_bytes" and summary["device"] == "cpu"
-        assert "not the CUDA caching allocator" in summary["notes"]["max_batch"]
-        rows = read_jsonl(run_dir / "metrics.jsonl")
-        assert [r["batch_size"] for r in rows] == [t["batch_size"] for t in summary["trials"]]
-        assert all(t["fits"] == (t["peak_bytes"] <= float(budget) * 1e9) for t in summary["trials"])
-        assert f"max_batch: {found[budget]}" in result.stdout
-    assert found == {"0.8": 16, "1.4": 48}
-    wandb_record = json.loads((tmp_path / "0.8" / "summary.json").read_text())["wandb"]   # W&B, offline here
-    assert wandb_record["mode"] == "offline" and list((tmp_path / "0.8" / "wandb").glob("offline-run-*"))
+    of 16: a 1.4 GB budget holds 48 and not 64, searched here for real (each trial a process); a 0.8 GB
+    budget, put to the same measured trials, holds 16 and not 32 (the README types that search for real:
+    a second one here would cost ~45 s and measure the same trials). Activations decide."""
+    budget, run_dir = "1.4", tmp_path / "1.4"
+    result = run_module("ablate.maxbatch", ["--mem-budget-gb", budget, "--multiple-of", "16", "--steps", "3",
+                                            "--", *WORKLOAD, "logger=wandb", f"hydra.run.dir={run_dir}"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["figure"] == "mem_peak_bytes" and summary["device"] == "cpu"
+    assert "not the CUDA caching allocator" in summary["notes"]["max_batch"]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["batch_size"] for r in rows] == [t["batch_size"] for t in summary["trials"]]
+    assert all(t["fits"] == (t["peak_bytes"] <= float(budget) * 1e9) for t in summary["trials"])
+    assert summary["max_batch"] == 48 and "max_batch: 48" in result.stdout
+    peaks = {t["batch_size"]: t["peak_bytes"] for t in summary["trials"]}
+    assert search(lambda batch: peaks[batch] <= 0.8e9, start=16, limit=4096, multiple=16) == 16
+    assert summary["wandb"]["mode"] == "offline" and list((run_dir / "wandb").glob("offline-run-*"))   # W&B
 
 
 def test_bad_search_options_are_one_line(tmp_path):

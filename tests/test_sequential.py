@@ -76,7 +76,8 @@ def test_a_sweep_killed_mid_run_continues_where_it_stopped_and_a_third_call_reru
     while len(list(d.glob("aa_noise/*/summary.json"))) < 2 or not list(d.glob("aa_noise/003_*/metrics.jsonl")):
         assert driver.poll() is None and time.time() < deadline
         time.sleep(0.1)
-    child = subprocess.run(["pgrep", "-f", "hydra.run.dir=.*003_r1"], capture_output=True, text=True).stdout.split()
+    child = subprocess.run(["pgrep", "-f", f"hydra.run.dir={d}.*003_r1"],   # this D's: tests run side by side
+                           capture_output=True, text=True).stdout.split()
     os.kill(driver.pid, signal.SIGKILL)
     for pid in child:
         os.killpg(int(pid), signal.SIGKILL)
