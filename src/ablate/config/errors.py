@@ -42,7 +42,8 @@ class RunFailed(AblateError):
 
 
 def exit_code_of(error: AblateError, program: str = "ablate") -> int:
-    """The entry points' one mapping: the error's line on stderr (`<program>: [error: ]<message>`), its exit
-    code returned."""
-    print(error.line(program), file=sys.stderr, flush=True)
+    """The entry points' one mapping: the error's line (`<program>: [error: ]<message>`), its exit code
+    returned. On stderr; on stdout when the exit code is 0 (a stop that is no failure: a sweep's allocation
+    requeued on its time-limit warning says so among its progress lines)."""
+    print(error.line(program), file=sys.stderr if error.exit_code else sys.stdout, flush=True)
     return error.exit_code

@@ -10,7 +10,7 @@ from typing import Dict, List, Tuple
 import yaml
 
 from ablate import report
-from ablate.config import ConfigError
+from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
 from ablate.sweeps import allocation, expand, is_factorial, listing, plan_runs
@@ -40,6 +40,14 @@ def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], a
 
 
 def main(argv: List[str] = None) -> int:
+    """The command line's edge: what ablate raises becomes one line and an exit code here."""
+    try:
+        return _main(argv)
+    except AblateError as e:
+        return exit_code_of(e, "ablate.sweeps")
+
+
+def _main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m ablate.sweeps", description=SWEEPS_DOC.split("\n\n")[1],
@@ -75,18 +83,13 @@ def main(argv: List[str] = None) -> int:
         parser.error("give at least one sweep name (see --list) and --repeats >= 1 or auto "
                      "(with 1 <= --min-repeats <= --max-repeats)")
     repeats = args.max_repeats if auto else int(args.repeats)
-    try:
-        runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
-                         side_arms_once=not args.repeat_side_arms)
-        configs = allocation.configs(runs)
-    except ConfigError as e:
-        print(f"ablate.sweeps: error: {e}", file=sys.stderr)
-        return 2
+    runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
+                     side_arms_once=not args.repeat_side_arms)
+    configs = allocation.configs(runs)
     root = args.dir or Path("multirun") / f"{'-'.join(args.names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
     refused = claim_dir(root, runs)
     if refused:
-        print(f"ablate.sweeps: error: {refused}", file=sys.stderr)
-        return 2
+        raise ConfigError(refused)
     order = args.order or ("random blocks" if any(is_factorial(n) for n in expand(args.names)) else "interleaved")
     print(f"{len(runs)} runs ({'up to ' if auto else ''}{repeats} repeat(s), {order}) into {root}", flush=True)
     steps = None
@@ -95,11 +98,8 @@ def main(argv: List[str] = None) -> int:
         if live:
             print(f"Slurm job {live} already runs this sweep: following it", flush=True)
             return allocation.follow(live, root, allocation.largest(configs).launcher.cancel_unrunnable)
-        try:   # one Slurm allocation for the whole sweep: this same command is its driver inside it
-            return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
-        except ConfigError as e:
-            print(f"ablate.sweeps: error: {e}", file=sys.stderr)
-            return 2
+        # one Slurm allocation for the whole sweep: this same command is its driver inside it
+        return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
     if allocation.allocates(configs) and allocation.inside():
         steps = allocation.Steps(configs)
     search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
