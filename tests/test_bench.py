@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]   # one venv built for the module
 
 
 def _normal(name: str) -> str:

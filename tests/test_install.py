@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("install")]   # one wheel built for the module
 
 
 def dependencies_site(dest: Path) -> Path:

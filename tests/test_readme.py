@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("readme")]   # the commands share one user directory, in order
 DOCS = [REPO / "README.md", REPO / "sweeps" / "README.md"]
 SHORT = ["train.steps=8", "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=256"]
 TRAINS = ("ablate", "ablate.sweeps")     # entry points that train, so take SHORT

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate import CONF_DIR, launcher
-from ablate.config import AblateConfig, ConfigError
+from ablate.config import AblateConfig, AblateError, ConfigError
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import guards
 from ablate.train.ranks import rank_env
@@ -272,7 +272,17 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
         callbacks = Callbacks(cfg)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         callbacks.on_run_start(config=cfg, config_name="config")
-        ret = run_job(hydra_context=context, task_function=lambda task_cfg: task(task_cfg, checked, choices),
-                      config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True)
+        stopped: List[AblateError] = []
+
+        def job(task_cfg: DictConfig):
+            try:
+                return task(task_cfg, checked, choices)
+            except AblateError as e:   # said in one line by the entry point: Hydra would print a line above it
+                stopped.append(e)
+
+        ret = run_job(hydra_context=context, task_function=job, config=cfg, job_dir_key="hydra.run.dir",
+                      job_subdir_key=None, configure_logging=True)
         callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
-        return ret.return_value   # the task's own exception, raised again
+        if stopped:
+            raise stopped[0]
+        return ret.return_value   # a bug's exception, raised again with its traceback
