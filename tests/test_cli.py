@@ -94,3 +94,35 @@ def test_sweeps_list_names_claim_knob_and_arms():
                             text=True)
     assert result.returncode == 0
     assert "c3_no_sync" in result.stdout and "knob: parallel.no_sync; arms: parallel=ddp_sync,ddp" in result.stdout
+
+
+def test_a_bug_keeps_its_traceback_and_is_never_dressed_as_a_config_error(tmp_path, monkeypatch):
+    """An exception of ablate's own code while composing (a bug, not the user's input) leaves main() as itself,
+    with its traceback; only Hydra's and OmegaConf's errors and ablate's typed ones become one line. In
+    process: costs ~1 s."""
+    from ablate import compose
+
+    def broken(cfg):
+        raise RuntimeError("a bug in ablate")
+
+    monkeypatch.setattr(compose, "check_choices", broken)
+    with pytest.raises(RuntimeError, match="a bug in ablate") as raised:
+        main_in_process(monkeypatch, ["logger=none", f"hydra.run.dir={tmp_path}/run"])
+    assert raised.traceback[-1].name == "broken"         # where it was raised, not where it was caught
+    assert not (tmp_path / "run").exists()
+
+
+def test_library_code_raises_and_only_the_entry_points_exit():
+    """No SystemExit, sys.exit or os._exit in ablate's library modules: the entry points (`__main__.py` files,
+    plan.py and maxbatch.py's main) map typed errors to exit codes; a spawned rank's own top (launcher/local.py)
+    and a requeued Slurm task that must leave without unwinding (train/signals.py) are the documented exceptions."""
+    import re
+
+    from conftest import REPO
+
+    allowed = {"__main__.py", "sweeps/__main__.py", "report/__main__.py", "plan.py", "maxbatch.py",
+               "launcher/local.py", "train/signals.py"}
+    package = REPO / "src" / "ablate"
+    found = {str(p.relative_to(package)) for p in package.rglob("*.py")
+             if re.search(r"SystemExit|sys\.exit\(|os\._exit\(", p.read_text())}   # the before-stop hook's test
+    assert found <= allowed, found - allowed
