@@ -126,3 +126,18 @@ def test_library_code_raises_and_only_the_entry_points_exit():
     found = {str(p.relative_to(package)) for p in package.rglob("*.py")
              if re.search(r"SystemExit|sys\.exit\(|os\._exit\(", p.read_text())}   # the before-stop hook's test
     assert found <= allowed, found - allowed
+
+
+@pytest.mark.parametrize("args,line", [
+    (["nope"], "ablate.sweeps: error: no sweep 'nope'; valid choices: aa_noise, "),
+    (["c3_no_sync", "--repeats", "x"], "ablate.sweeps: error: --repeats=x: valid choices: an integer >= 1, or auto"),
+    (["c3_no_sync", "--run-timeout", "-5"], "ablate.sweeps: error: --run-timeout=-5: out of range; allowed: > 0"),
+    ([], "ablate.sweeps: error: give at least one sweep name; valid choices: aa_noise, "),
+])
+def test_a_bad_sweeps_command_is_one_line_and_exit_2(args, line, capsys):
+    """In process (ablate.sweeps' main), ~0.1 s each: one line naming the option and what it takes, no usage."""
+    from ablate.sweeps.__main__ import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(line), err

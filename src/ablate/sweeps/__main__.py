@@ -13,7 +13,7 @@ from ablate import report
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
-from ablate.sweeps import allocation, expand, is_factorial, listing, plan_runs
+from ablate.sweeps import allocation, available, expand, is_factorial, listing, plan_runs
 from ablate.sweeps.runner import claim_dir, run_all, unfinished
 
 
@@ -47,6 +47,19 @@ def main(argv: List[str] = None) -> int:
         return exit_code_of(e, "ablate.sweeps")
 
 
+def check_options(args, auto: bool) -> None:
+    """What argparse's types cannot say, refused in one line (no usage block): the option and what it takes."""
+    if not args.names:
+        raise ConfigError(f"give at least one sweep name; valid choices: {', '.join(available())}")
+    if not (auto or args.repeats.isdigit() and int(args.repeats) >= 1):
+        raise ConfigError(f"--repeats={args.repeats}: valid choices: an integer >= 1, or auto")
+    if not 1 <= args.min_repeats <= args.max_repeats:
+        raise ConfigError(f"--min-repeats={args.min_repeats}, --max-repeats={args.max_repeats}: need 1 <= "
+                          "--min-repeats <= --max-repeats")
+    if args.run_timeout is not None and not args.run_timeout > 0:
+        raise ConfigError(f"--run-timeout={args.run_timeout:g}: out of range; allowed: > 0 (seconds per run)")
+
+
 def _main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -78,10 +91,7 @@ def _main(argv: List[str] = None) -> int:
         print(listing())
         return 0
     auto = args.repeats == "auto"
-    if not args.names or not (auto or args.repeats.isdigit() and int(args.repeats) >= 1) \
-            or not 1 <= args.min_repeats <= args.max_repeats:
-        parser.error("give at least one sweep name (see --list) and --repeats >= 1 or auto "
-                     "(with 1 <= --min-repeats <= --max-repeats)")
+    check_options(args, auto)
     repeats = args.max_repeats if auto else int(args.repeats)
     runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
                      side_arms_once=not args.repeat_side_arms)
