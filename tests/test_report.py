@@ -248,3 +248,30 @@ def test_a_report_on_runs_that_did_not_finish_says_so(tmp_path, capsys):
     said = capsys.readouterr().err.strip()
     assert said.startswith("ablate.report: error: nothing to compare: 1 run(s) did not finish (no summary.json): ")
     assert str(killed) in said and "train.resume=" in said and "\n" not in said
+
+
+def test_a_truncated_summary_is_named_and_the_rest_reported(tmp_path, capsys):
+    """A run's summary.json cut short (a full disk, a copy interrupted): one line naming the file, the other
+    runs' verdicts as before, no traceback. In process, ~1 s."""
+    for r, (b, t) in enumerate([(100.0, 150.0), (100.0, 160.0)]):
+        c3_run(tmp_path, f"{r}_sync", False, r, comm_bytes_per_step=800.0, tokens_per_s=b, fragmentation=None)
+        c3_run(tmp_path, f"{r}_nosync", True, r, comm_bytes_per_step=100.0, tokens_per_s=t, fragmentation=None)
+    cut = c3_run(tmp_path, "2_nosync", True, 2, comm_bytes_per_step=100.0, tokens_per_s=150.0) / "summary.json"
+    cut.write_text(cut.read_text()[:40])
+    built = report.build([tmp_path])
+    assert [len(a.runs) for a in built["groups"][0].arms.values()] == [2, 2]
+    assert {c.metric: c for c in built["checks"]}["comm_bytes_per_step"].verdict == "reproduced"
+    warned = [line for line in capsys.readouterr().err.splitlines() if str(cut) in line]
+    assert len(warned) == 1 and "cannot be read" in warned[0] and "left out" in warned[0]
+
+
+def test_a_corrupt_plan_of_a_sweep_dir_is_one_line_and_exit_2(tmp_path, capsys):
+    """ablate.sweeps on a --dir whose plan.json is damaged: nothing says which runs are this call's, so it
+    refuses in one line (exit 2) and touches nothing. In process, ~1 s."""
+    from ablate.sweeps.__main__ import main
+
+    (tmp_path / "plan.json").write_text('[{"sweep": "aa_noi')
+    assert main(["aa_noise", "--dir", str(tmp_path), "--", "logger=none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plan.json cannot be read" in err and "choose another folder" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]

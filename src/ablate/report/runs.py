@@ -7,6 +7,7 @@ Runs that are not of a sweeps/ file are grouped by what differs in their configs
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -127,10 +128,16 @@ def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
             if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN or ".incomplete-" in run_dir.name:
                 continue   # (a run a later call of its sweep set aside and ran again: ablate.sweeps)
             summary_path = run_dir / "summary.json"
-            if summary_path.exists():
-                runs.append(Run(run_dir, json.loads(summary_path.read_text()), _load(config_path)))
-            else:
+            if not summary_path.exists():
                 unfinished.append(run_dir)
+                continue
+            try:
+                summary = json.loads(summary_path.read_text())
+            except (OSError, ValueError) as e:   # truncated or damaged: named, and the rest still reported
+                print(f"ablate.report: warning: {summary_path} cannot be read ({type(e).__name__}: {e}); that run "
+                      "is left out", file=sys.stderr)
+                continue
+            runs.append(Run(run_dir, summary, _load(config_path)))
     return runs, unfinished
 
 

@@ -142,7 +142,12 @@ def claim_dir(root: Path, runs) -> str:
     plan = [{"sweep": name, "overrides": combo, "repeat": r} for name, combo, r in runs]
     path = root / PLAN_FILE
     if path.exists():
-        if json.loads(path.read_text()) == plan:
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            return (f"--dir {root}: {path} cannot be read ({type(e).__name__}: {e}), so nothing says which runs "
+                    "are this call's; choose another folder, or remove that file to plan the folder anew")
+        if earlier == plan:
             return ""
         return (f"--dir {root} holds another call's runs (a different sweep, repeats or overrides); choose another "
                 f"folder, or repeat that call's command to continue it")
