@@ -19,8 +19,8 @@ from ablate import CONF_DIR, launcher
 from ablate.compose import validate
 from ablate.config.store import register
 from ablate.dataloader import SyntheticBatches
-from ablate.model import build_model
-from ablate.parallel.base import make_adamw
+from ablate import optim
+from ablate.model import build as build_model
 
 MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4", "model.ffn_hidden=768",
          "train.seq_len=128", "train.batch_size=8", "logger=none"]
@@ -30,7 +30,7 @@ def bare_loop(cfg) -> float:
     """What a user would write by hand: no metrics, no logging, no progress."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
-    optimizer = make_adamw(model.parameters(), cfg.train)
+    optimizer = optim.build(model.parameters(), cfg.optim)
     data = SyntheticBatches(cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, None, cfg.train.seed)
     tokens, started = 0, None
     for step in range(cfg.train.steps):

@@ -130,3 +130,37 @@ def trained(tmp_path_factory):
         return done[key]
 
     return run
+
+
+USER_DIR = REPO / "tests" / "user"   # a team's own module (mymodels.py) and config dir (conf/), as in the README
+HF_LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 192,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="session")
+def user_files(tmp_path_factory):
+    """What a user brings, written by the test (nothing downloaded): a token file (uint16 ids < 512, counting
+    by 3 so the loss falls), a 2-layer Llama config.json, a tokenized datasets folder (when datasets is
+    installed), the user's config dir and module."""
+    import types
+
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("user")
+    tokens = root / "train.bin"
+    (np.arange(20_000) * 3 % 512).astype(np.uint16).tofile(tokens)
+    (root / "hf_llama").mkdir()
+    (root / "hf_llama" / "config.json").write_text(json.dumps(HF_LLAMA))
+    dataset = root / "dataset"
+    try:
+        from datasets import Dataset
+
+        Dataset.from_dict({"input_ids": [[(i * 7 + j) % 256 for j in range(50)] for i in range(40)]}
+                          ).save_to_disk(str(dataset))
+    except ImportError:
+        dataset.mkdir()
+    return types.SimpleNamespace(tokens=tokens, hf_config=root / "hf_llama" / "config.json", dataset=dataset,
+                                 config_dir=USER_DIR / "conf", module_dir=USER_DIR,
+                                 env={"PYTHONPATH": os.pathsep.join(filter(None, [str(USER_DIR),
+                                                                                 os.environ.get("PYTHONPATH")]))})

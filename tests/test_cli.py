@@ -9,7 +9,7 @@ BAD = [
     (["train.steps=-1"], "train.steps=-1"),
     (["train.grad_accum=0"], "train.grad_accum=0"),
     (["train.steps=abc"], "train.steps=abc"),
-    (["model=huge"], "valid choices: 1b, 70b, 8b, small, tiny"),
+    (["model=huge"], "valid choices: 1b, 70b, 8b, hf, small, tiny"),
     (["-m", "precision=fp32,fp13"], "precision=fp13"),
 ]
 
@@ -41,7 +41,7 @@ def test_fp8_on_a_cpu_is_refused_before_any_work(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["train.lr=nan"], "train.lr=nan: out of range; allowed: a finite number > 0"),
+    (["optim.lr=nan"], "optim.lr=nan: out of range; allowed: a finite number > 0"),
     (["dataloader=pinned", "dataloader.prefetch_factor=0"],
      "dataloader.prefetch_factor=0: out of range; allowed: >= 1"),
     (["+train.lrr=1"], "train.lrr: no such key in 'train'"),
@@ -63,7 +63,7 @@ def test_a_users_own_config_dir_adds_choices(tmp_path, monkeypatch):
     assert code == 0
     assert (tmp_path / "run" / "summary.json").exists()
     wrong = run_cli(["--config-dir", str(tmp_path / "conf"), "model=nine", f"hydra.run.dir={tmp_path}/x"])
-    assert wrong.returncode == 2 and "valid choices: 1b, 70b, 8b, mine, small, tiny" in wrong.stderr
+    assert wrong.returncode == 2 and "valid choices: 1b, 70b, 8b, hf, mine, small, tiny" in wrong.stderr
 
 
 def test_hydras_own_flags_pass_through(tmp_path):

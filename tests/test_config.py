@@ -52,10 +52,13 @@ def test_every_pair_of_choices_of_the_five_groups_composes():
             assert getattr(cfg, group).name == choice          # one name per choice (ddp_sync included)
 
 
-@pytest.mark.parametrize("group", ["model", "train", "logger", "launcher"])
-def test_other_groups_compose(group):
+@pytest.mark.parametrize("group", ["model", "train", "logger", "launcher", "optim", "data"])
+def test_other_groups_compose(group, user_files):
+    # what a choice needs besides itself: several ranks a parallel strategy, model=hf its config, data a file
+    needs = {"launcher": ["parallel=ddp"], "model=hf": [f"model.config={user_files.hf_config}"],
+             "data=tokens": [f"data.path={user_files.tokens}"], "data=hf": [f"data.path={user_files.dataset}"]}
     for choice in group_choices(group):
-        extra = ["parallel=ddp"] if group == "launcher" else []   # several ranks need a parallel strategy
+        extra = needs.get(f"{group}={choice}", needs.get(group, []))
         validate(compose_cfg([f"{group}={choice}", *extra]))
 
 
@@ -104,7 +107,7 @@ def test_week4_lists_every_claim():
 @pytest.mark.parametrize("override,needle", [
     ("+train.lrr=1", "train.lrr: no such key in 'train'; valid keys: steps, "),
     ("+nope=1", "nope: no such key in 'the config'"),
-    ("train.lr=nan", "train.lr=nan: out of range; allowed: a finite number > 0"),
+    ("optim.lr=nan", "optim.lr=nan: out of range; allowed: a finite number > 0"),
     ("dataloader.num_workers=1", None),
 ])
 def test_keys_the_schema_does_not_know_are_refused(override, needle):

@@ -121,7 +121,7 @@ def _finite(path: Path) -> bool:
 
 @pytest.mark.slow
 def test_nan_training_stops_in_one_line_and_never_checkpoints_nan(tmp_path):
-    result = run_cli([*FAST, "train.lr=1e4", "train.steps=40", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}"])
+    result = run_cli([*FAST, "optim.lr=1e4", "train.steps=40", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("ablate: stopped at step") and ("non-finite" in last or "not finite" in last)
@@ -252,12 +252,12 @@ def test_resume_refuses_what_cannot_change_and_applies_the_rest(tmp_path):
     short = run_cli([*FAST, "train.steps=4", f"train.resume={tmp_path}/a", f"hydra.run.dir={tmp_path}/c"])
     assert short.returncode == 2 and "the checkpoint is at step 4" in one_line(short)
     (tmp_path / "a" / "checkpoint" / "model_optimizer.pt").write_bytes(b"not a checkpoint")   # a damaged latest
-    moved = run_cli([*FAST, "train.steps=8", "train.lr=1e-4", resume, f"hydra.run.dir={tmp_path}/d"])
+    moved = run_cli([*FAST, "train.steps=8", "optim.lr=1e-4", resume, f"hydra.run.dir={tmp_path}/d"])
     assert moved.returncode == 0, moved.stderr[-2000:]
     assert "resuming from" in moved.stderr and "checkpoint.prev" in moved.stderr
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2                         # the previous checkpoint
-    assert summary["resume"]["changed"] == {"train.lr": [0.003, 0.0001]}
+    assert summary["resume"]["changed"] == {"optim.lr": [0.003, 0.0001]}
     assert summary["measured_steps"] == 1 + 5                        # both attempts' measured steps
 
 

@@ -8,7 +8,7 @@ from ablate.compose import validate
 from ablate.config import ModelConfig
 from ablate.metrics import flops as F
 from ablate.metrics.memory import fragmentation
-from ablate.model import build_model
+from ablate.model import build as build_model
 from conftest import compose_cfg
 
 SIZES = ["tiny", "small", "1b", "8b", "70b"]

@@ -3,7 +3,8 @@ import torch
 
 from ablate.config import ModelConfig
 from ablate.dataloader import SyntheticBatches
-from ablate.model import build_model, count_params
+from ablate.model import build as build_model
+from ablate.model import count_params
 
 
 def test_batches_are_a_pure_function_of_seed_and_index():
@@ -52,4 +53,4 @@ def test_named_sizes_have_their_published_parameter_counts():
     for name, n in expected.items():
         cfg = validate(compose_cfg([f"model={name}"])).model
         model = build_model(cfg, "meta")
-        assert abs(count_params(model, non_embedding=False) - n) / n < 0.01, name
+        assert abs(count_params(model.net, non_embedding=False) - n) / n < 0.01, name

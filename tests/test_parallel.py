@@ -6,7 +6,7 @@ import pytest
 
 from ablate import parallel
 from ablate.compose import validate
-from ablate.plan import param_numels
+from ablate.model.facts import measure
 from conftest import RUN_COMMON, compose_cfg, run_cli
 from planted import planted
 
@@ -99,7 +99,7 @@ def test_impossible_combinations_fail_before_launch(tmp_path, args, needle):
 
 
 def parallel_plan(cfg):
-    return parallel.plan_bytes(param_numels(cfg), cfg)
+    return parallel.plan_bytes(measure(cfg).numels, cfg)
 
 
 def test_planner_prints_the_article_figure():

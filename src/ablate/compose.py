@@ -11,10 +11,12 @@ add choices to any group, sweeps included). Hydra's informational flags (--help,
 """
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -27,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate import CONF_DIR, launcher
-from ablate.config import AblateConfig, AblateError, ConfigError
+from ablate.config import MODEL_SCHEMAS, AblateConfig, AblateError, ConfigError
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import guards
 from ablate.train.ranks import rank_env
@@ -76,15 +78,30 @@ def hydra_context():
 
 # what Hydra and OmegaConf raise for a user's command line or YAML: said in one line. Anything else raised
 # while composing is a bug and keeps its traceback.
-USER_ERRORS = (HydraException, OmegaConfBaseException)
+USER_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError)
+
+
+def _yaml_line(e: yaml.YAMLError) -> ConfigError:
+    """A YAML file that does not parse: the file, line and column, and the problem."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}" if mark else "a YAML file"
+    return ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or str(e).splitlines()[0]})")
 
 
 def _one_line(e: BaseException) -> ConfigError:
-    """Hydra's own error as one line; a missing choice names the group and Hydra's valid choices."""
+    """Hydra's own error as one line; a missing choice names the group and Hydra's valid choices; a config
+    file's error names the file, the key and the problem."""
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
         group, _, choice = str(e.missing_cfg_file).rpartition("/")
-        return ConfigError(f"{group}={choice}: no such choice for '{group}'; valid choices: {', '.join(e.options)}")
-    lines = [str(x).strip().splitlines()[0] for x in (e, e.__cause__) if x is not None and str(x).strip()]
+        options = [o for o in e.options if o not in MODEL_SCHEMAS]   # schemas, not choices
+        return ConfigError(f"{group}={choice}: no such choice for '{group}'; valid choices: {', '.join(options)}")
+    cause = e.__cause__ or e.__context__
+    if isinstance(e, yaml.YAMLError) or isinstance(cause, yaml.YAMLError):
+        return _yaml_line(e if isinstance(e, yaml.YAMLError) else cause)
+    in_file = re.match(r"In '([^']+)'", str(e))
+    if in_file and getattr(cause, "full_key", None):
+        return ConfigError(f"{in_file.group(1)}.yaml: {cause.full_key}: {str(cause).strip().splitlines()[0]}")
+    lines = [str(x).strip().splitlines()[0] for x in (e, cause) if x is not None and str(x).strip()]
     return ConfigError(": ".join(dict.fromkeys(lines)) or type(e).__name__)
 
 
@@ -92,7 +109,7 @@ def choices(group: str, overrides: List[str] = ()) -> List[str]:
     """The choices Hydra knows for a group (inside hydra_context; a searchpath override counts)."""
     if overrides:
         compose("config", overrides=[o for o in overrides if o.startswith("hydra.searchpath=")])
-    return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    return sorted(o for o in GlobalHydra.instance().config_loader().get_group_options(group) if o not in MODEL_SCHEMAS)
 
 
 def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:
@@ -188,6 +205,23 @@ def checked(combos: List[List[str]]) -> List[AblateConfig]:
         return [validate(compose("config", overrides=_config_keys(combo))) for combo in combos]
 
 
+def config_of(argv: List[str]) -> Tuple[DictConfig, AblateConfig, Dict[str, str]]:
+    """A command line's composition (hydra node included), its typed config and its choices, `--config-dir`
+    honoured: for the tools that read a run's config without running it (ablate.plan, ablate.maxbatch)."""
+    register()
+    overrides, config_dirs = split_argv(argv)
+    with hydra_context():
+        try:
+            cfg = compose("config", overrides=_config_keys(_search_path(overrides, config_dirs)),
+                          return_hydra_config=True)
+            choices = group_choices(cfg.hydra.runtime.choices)
+            return cfg, validate(cfg, choices), choices
+        except ConfigError:
+            raise
+        except USER_ERRORS as e:
+            raise _one_line(e) from None
+
+
 def preflight(argv: List[str], hardware: bool = True) -> None:
     """Compose every combination the command line (and a sweeps/ file's grid) asks for and validate it,
     or fail in one line. Hydra's --help, --hydra-help, -sc and --info are left to Hydra."""
@@ -217,7 +251,8 @@ def run_record(cfg: DictConfig, checked: AblateConfig) -> Dict:
     with open_dict(plain):
         plain.pop("hydra", None)
     for group in LABELLED_BY_CHOICE:
-        plain[group].name = getattr(checked, group).name
+        with open_dict(plain[group]):
+            plain[group].name = getattr(checked, group).name
     return OmegaConf.to_container(plain, resolve=True)
 
 

@@ -1,4 +1,4 @@
-"""conf/dataloader -> synthetic token batches and the path that carries them to the device.
+"""conf/dataloader -> the path that carries batches to the device, and the synthetic source (conf/data's default).
 
 The data is made in-process (no downloads) and is learnable: each sequence counts upward modulo the
 vocabulary with a stride of 1, 2 or 3 (fixed per sequence), and a few tokens are replaced by noise.
@@ -13,7 +13,8 @@ from typing import Iterator, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ablate.config import DataloaderConfig, TrainConfig
+from ablate.config import DataConfig, DataloaderConfig, TrainConfig
+from ablate.data import TokenBatches, tokens_of
 
 NOISE_PROB = 0.05
 STRIDES = (1, 2, 3)
@@ -62,10 +63,15 @@ class RankBatches(Sampler):
             i += 1
 
 
-def build_loader(train: TrainConfig, data: DataloaderConfig, vocab_size: int, rank: int, world_size: int,
-                 start_micro_step: int, device: torch.device) -> DataLoader:
-    dataset = SyntheticBatches(vocab_size, train.batch_size, train.seq_len, train.seq_len_min,
-                               train.seed, data.read_latency_ms)
+def build_loader(train: TrainConfig, data: DataloaderConfig, source: DataConfig, vocab_size: int, rank: int,
+                 world_size: int, start_micro_step: int, device: torch.device) -> DataLoader:
+    """Batches from `source` (conf/data: data.py), delivered as `data` (conf/dataloader) says."""
+    tokens = tokens_of(source)
+    if tokens is None:
+        dataset = SyntheticBatches(vocab_size, train.batch_size, train.seq_len, train.seq_len_min,
+                                   train.seed, data.read_latency_ms)
+    else:
+        dataset = TokenBatches(tokens, train.batch_size, train.seq_len, train.seed)
     workers = data.num_workers
     return DataLoader(
         dataset, batch_size=None, sampler=RankBatches(rank, world_size, start_micro_step),

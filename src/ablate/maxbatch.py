@@ -175,19 +175,14 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 def compose(overrides: List[str]):
     """The workload's typed config, resolved dict and group choices, validated as `python -m ablate` does."""
-    from hydra import compose as hydra_compose
     from omegaconf import OmegaConf
 
-    from ablate.compose import hydra_context, preflight, validate
-    from ablate.config.store import group_choices
+    from ablate.compose import config_of, preflight
 
     preflight([*overrides, "train.skip_memory_check=true"], hardware=False)   # one-line errors, no traceback
-    with hydra_context():
-        cfg = hydra_compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")],
-                            return_hydra_config=True)
-        choices = group_choices(cfg.hydra.runtime.choices)
-        typed = validate(cfg)
-        resolved = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    cfg, typed, choices = config_of([o for o in overrides if not o.startswith("hydra.") or
+                                     o.startswith("hydra.searchpath=")])
+    resolved = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     return typed, resolved, choices
 
 

@@ -17,7 +17,7 @@ from typing import Dict, List
 
 from ablate import parallel, units
 from ablate.config import AblateConfig
-from ablate.model import param_numels
+from ablate.model.facts import measure
 from ablate.parallel.base import Breakdown
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
@@ -34,7 +34,8 @@ def zero_paper(n_params: float, world: int, stage: int) -> Breakdown:
 
 
 def plan(cfg: AblateConfig) -> Dict[str, object]:
-    numels = param_numels(cfg)
+    facts = measure(cfg)
+    numels = facts.numels
     n = sum(numels)
     world = cfg.launcher.world_size
     nominal = NOMINAL_PARAMS.get(cfg.model.name, n)
@@ -43,7 +44,8 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "parallel": cfg.parallel.name, "precision": cfg.precision.name,
             "article": article(nominal, world), "article_total": 12 * nominal,
             "zero_paper": zero_paper(nominal, world, stage), "zero_paper_total": 16 * nominal,
-            "ablate": parallel.plan_bytes(numels, cfg)}
+            "ablate": parallel.plan_bytes(numels, cfg), "activation_bytes": facts.activation_bytes,
+            "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens"}
 
 
 def count(n: float) -> str:
@@ -72,29 +74,28 @@ def render(p: Dict[str, object]) -> None:
         table.add_row(label, gb(b.params), gb(b.grads), gb(b.optimizer), f"[bold]{gb(b.total)}",
                       gb(whole) if whole else "—")
     Console().print(table)
-    print("Activations, communication buffers and the allocator's cache come on top of these figures.")
+    print(f"Activations per GPU: {gb(p['activation_bytes'])} for one micro-batch of {p['micro_batch']} (what the "
+          "forward keeps for backward, float32, measured on the meta device) on top of the ablate row; "
+          "communication buffers and the allocator's cache come on top of both.")
 
 
 def main(argv: List[str] = None) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from ablate import CONF_DIR
-    from ablate.compose import preflight, validate
+    from ablate.compose import config_of, preflight
     from ablate.config import ConfigError, exit_code_of
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
-        print("usage: python -m ablate.plan [OVERRIDES ...]\n\n" + __doc__.split("\n\n", 1)[0] + "\n\nOverrides are "
+        print("usage: python -m ablate.plan [--config-dir DIR] [OVERRIDES ...]\n\n" + __doc__.split("\n\n", 1)[0] +
+              "\n\nOverrides are "
               "those of `python -m ablate`, e.g.: python -m ablate.plan model=70b parallel=zero3 launcher=slurm "
               "precision=bf16\n\n" + __doc__.split("\n\n", 1)[1])
         return
     try:
         preflight(argv, hardware=False)   # a plan for any machine: nothing here must run it
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="plan"):
-            cfg = validate(compose("config", overrides=argv))
+        cfg = config_of(argv)[1]
+        render(plan(cfg))
     except ConfigError as e:
         sys.exit(exit_code_of(e))
-    render(plan(cfg))
 
 
 if __name__ == "__main__":

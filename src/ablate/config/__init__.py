@@ -8,17 +8,21 @@ from ablate.config.errors import EXIT_USAGE, AblateError, ConfigError, RunFailed
 from ablate.config.groups import (
     AblateConfig,
     AllocatorConfig,
+    DataConfig,
     DataloaderConfig,
     LauncherConfig,
     LoggerConfig,
     MetricsConfig,
     ModelConfig,
     NcclConfig,
+    OptimConfig,
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,
 )
+from ablate.config.models import MODEL_SCHEMAS, HFModelConfig, UserModelConfig
 
 __all__ = ["EXIT_USAGE", "AblateError", "ConfigError", "RunFailed", "RunStopped", "exit_code_of", "AblateConfig",
-           "AllocatorConfig", "DataloaderConfig", "LauncherConfig", "LoggerConfig", "MetricsConfig", "ModelConfig",
-           "NcclConfig", "ParallelConfig", "PrecisionConfig", "TrainConfig"]
+           "AllocatorConfig", "DataConfig", "DataloaderConfig", "HFModelConfig", "LauncherConfig", "LoggerConfig",
+           "MODEL_SCHEMAS", "MetricsConfig", "ModelConfig", "NcclConfig", "OptimConfig", "ParallelConfig",
+           "PrecisionConfig", "TrainConfig", "UserModelConfig"]

@@ -13,31 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
-
-
-@dataclass
-class ModelConfig:
-    """A Llama-style decoder. Sizes follow Meta's published Llama 3 configs (see conf/model/*.yaml)."""
-    name: str = "tiny"
-    dim: int = num(64, 1)                  # hidden size
-    n_layers: int = num(2, 1)
-    n_heads: int = num(4, 1)
-    n_kv_heads: int = num(2, 1)            # < n_heads: grouped-query attention
-    vocab_size: int = num(256, 1)
-    ffn_hidden: int = num(192, 1)          # SwiGLU inner size
-    max_seq_len: int = num(256, 1)         # RoPE table length
-    norm_eps: float = num(1e-5, 0, low_open=True)
-    rope_theta: float = num(10000.0, 0, low_open=True)
-    tie_embeddings: bool = False
-    activation_checkpointing: bool = False   # recompute each block's forward in backward (8N accounting)
-    attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
-
-    def __post_init__(self):
-        check_ranges(self, "model")
-        choice("model.attention", self.attention, ("sdpa", "math"))
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
-                              f"{self.n_kv_heads}: dim must divide by n_heads and n_heads by n_kv_heads")
+from ablate.config.models import ModelConfig, model_from_node
 
 
 @dataclass
@@ -52,10 +28,6 @@ class TrainConfig:
     # set: each batch's length is drawn from [seq_len_min, seq_len]
     seq_len_min: Optional[int] = num(None, 1, null="every batch train.seq_len long")
     grad_accum: int = num(1, 1)            # micro-steps per optimizer step
-    lr: float = num(3e-3, 0, low_open=True)
-    weight_decay: float = num(0.1, 0)
-    beta1: float = num(0.9, 0, 1, high_open=True)   # AdamW betas (Llama / nanoGPT values)
-    beta2: float = num(0.95, 0, 1, high_open=True)
     max_grad_norm: float = num(1.0, 0)     # 0 disables clipping (the norm is still measured)
     log_every: int = num(5, 1)
     seed: int = num(0, 0)
@@ -75,6 +47,53 @@ class TrainConfig:
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
         if self.resume is not None and not os.path.exists(self.resume):
             raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
+
+
+# optim.schedule: the learning rate as a function of the step (optim.py)
+SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer and its learning-rate schedule. `name` picks adamw or sgd, or a user's `_target_` (an
+    optimizer class called with the parameter groups, `lr` and `args`)."""
+    name: str = "adamw"
+    _target_: Optional[str] = None
+    lr: float = num(3e-3, 0, low_open=True)
+    weight_decay: float = num(0.1, 0)                 # matrices only; norms, biases and embeddings' 1-D: 0
+    beta1: float = num(0.9, 0, 1, high_open=True)     # AdamW betas (Llama / nanoGPT values)
+    beta2: float = num(0.95, 0, 1, high_open=True)
+    momentum: float = num(0.9, 0, 1, high_open=True)  # sgd
+    schedule: str = "constant"
+    warmup_steps: int = num(0, 0)                     # linear warm-up from lr / warmup_steps to lr
+    min_lr_ratio: float = num(0.1, 0, 1)              # the decay's floor, as a share of lr
+    args: Dict[str, Any] = field(default_factory=dict)   # more keyword arguments for a `_target_` optimizer
+
+    def __post_init__(self):
+        check_ranges(self, "optim")
+        choice("optim.schedule", self.schedule, SCHEDULES)
+
+
+# data.dtype: how a token file stores its ids
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from (`dataloader` is how they reach the device): synthetic (made in process),
+    tokens (a flat binary file of token ids, memory-mapped), hf (a tokenized `datasets` folder)."""
+    name: str = "synthetic"
+    path: Optional[str] = None         # tokens: the .bin file; hf: the folder datasets.save_to_disk wrote
+    dtype: str = "uint16"              # tokens: uint16 | uint32 (an llm.c header, when present, says which)
+    column: str = "input_ids"          # hf: the column of token ids
+
+    def __post_init__(self):
+        choice("data.dtype", self.dtype, TOKEN_DTYPES)
+        if self.name != "synthetic":
+            if not self.path:
+                raise ConfigError(f"data.path: data={self.name} reads a file; give data.path=PATH")
+            if not os.path.exists(self.path):
+                raise ConfigError(f"data.path={self.path}: no such file or directory")
 
 
 @dataclass
@@ -228,8 +247,12 @@ class MetricsConfig:
 
 @dataclass
 class AblateConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # Any: the built-in Llama and model=hf are typed by their files' schema (MODEL_SCHEMAS); a user's own model
+    # file is a free-form node made a UserModelConfig here
+    model: Any = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
@@ -241,6 +264,8 @@ class AblateConfig:
     sweep: Dict[str, Any] = field(default_factory=dict)   # a sweeps/ file's claim metadata, if any
 
     def __post_init__(self):
+        if isinstance(self.model, dict):
+            self.model = model_from_node(self.model)
         t, world = self.train, self.launcher.world_size
         if t.global_batch_size is not None:
             per_step = world * t.grad_accum
@@ -252,6 +277,6 @@ class AblateConfig:
         if spec is not None and (len(spec) != 2 or spec[0] < 1 or spec[1] < 1 or sum(spec) - 1 > self.train.steps):
             raise ConfigError(f"metrics.profile_steps={list(spec)}: give [start, count] with start >= 1, count >= 1 "
                               f"and start + count - 1 <= train.steps={self.train.steps}")
-        if self.train.seq_len > self.model.max_seq_len:
+        if self.model.max_seq_len is not None and self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
                               f"{self.model.max_seq_len}")

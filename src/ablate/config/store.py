@@ -4,19 +4,27 @@ a multirun job's folder (`hydra.sweep.subdir`)."""
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate.config.errors import ConfigError
 from ablate.config.groups import AblateConfig
+from ablate.config.models import MODEL_SCHEMAS
 
 
 def register() -> None:
     """Register the schema: conf/config.yaml's defaults list starts from `ablate_schema`, so every group
-    file is merged into its typed dataclass (an unknown key or a wrong type fails composition)."""
-    ConfigStore.instance().store(name="ablate_schema", node=AblateConfig)
+    file is merged into its typed dataclass (an unknown key or a wrong type fails composition). The model
+    node alone starts untyped: a model file brings its schema (`defaults: [base_llama]`, `base_hf`), and a
+    user's own (`_target_` + arguments) has none."""
+    store = ConfigStore.instance()
+    schema = OmegaConf.structured(AblateConfig)
+    schema.model = {}
+    store.store(name="ablate_schema", node=schema)
+    for name, node in MODEL_SCHEMAS.items():
+        store.store(group="model", name=name, node=node)
     OmegaConf.register_new_resolver("ablate_dirname", short_dirname, replace=True)
 
 
@@ -32,21 +40,29 @@ def short_dirname(overrides: str, limit: int = 150) -> str:
     return f"{kept[:limit - 9]}_{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
 
 
-FREE_FORM = {"sweep", "nccl.env", "launcher.additional_parameters"}   # nodes meant for any keys
+FREE_FORM = {"sweep", "nccl.env", "launcher.additional_parameters", "optim.args"}   # nodes meant for any keys
 
 
-def unknown_keys(node, schema, prefix: str = "") -> List[str]:
-    """Keys in `node` that the dataclass `schema` does not declare (e.g. a `+train.lrr=1` typo)."""
-    defaults = schema()
+def is_users_model(node) -> bool:
+    """A model node no schema of ours types: a user's model file (`_target_` + its arguments)."""
+    return isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict
+
+
+def unknown_keys(node, schema, prefix: str = "") -> List[Tuple[str, type]]:
+    """(key, its node's schema) for each key in `node` that the dataclass `schema` does not declare (e.g. a
+    `+train.lrr=1` typo). A typed sub-node is checked against its own schema (the model file's)."""
+    declared = {f.name for f in fields(schema)}
     out = []
     for key in node.keys():
         path = f"{prefix}{key}"
-        if path in FREE_FORM:
+        if path in FREE_FORM or (path == "model" and is_users_model(node[key])):
             continue
-        if not hasattr(defaults, str(key)):
-            out.append(path)
-        elif is_dataclass(getattr(defaults, key)) and isinstance(node[key], DictConfig):
-            out += unknown_keys(node[key], type(getattr(defaults, key)), f"{path}.")
+        if str(key) not in declared:
+            out.append((path, schema))
+            continue
+        sub = node._get_node(key)
+        if isinstance(sub, DictConfig) and is_dataclass(OmegaConf.get_type(sub)):
+            out += unknown_keys(sub, OmegaConf.get_type(sub), f"{path}.")
     return out
 
 
@@ -72,14 +88,12 @@ def typed(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> Ablat
             plain.pop("hydra")
     for group in LABELLED_BY_CHOICE:
         if (choices or {}).get(group):
-            plain[group].name = choices[group]
+            with open_dict(plain[group]):
+                plain[group].name = choices[group]
     extra = unknown_keys(plain, AblateConfig)
     if extra:
-        key = extra[0]
+        key, schema = extra[0]
         group, _, _ = key.rpartition(".")
-        node = AblateConfig()
-        for part in filter(None, group.split(".")):
-            node = getattr(node, part)
-        valid = ", ".join(f.name for f in fields(node))
+        valid = ", ".join(f.name for f in fields(schema))
         raise ConfigError(f"{key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
     return OmegaConf.to_object(plain)

@@ -19,8 +19,10 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ablate import data
 from ablate.config import AblateConfig, RunFailed, RunStopped
 from ablate.launcher import failures
+from ablate.model.facts import measure
 from ablate.train import loop as train
 from ablate.train import memory_guard, signals
 from ablate.train.distributed import check_ranks_fit_gpus, device_type
@@ -33,7 +35,9 @@ def check(cfg: AblateConfig) -> None:
     if kind == "cuda":
         check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
     train.check_runnable(cfg, torch.device(kind))
-    memory_guard.check_memory(cfg, kind)
+    facts = measure(cfg)     # the model on the meta device: its vocabulary, parameters and activations
+    data.check(cfg.data, cfg.train.seq_len, facts.vocab_size)
+    memory_guard.check_memory(cfg, kind, facts)
 
 
 def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):

@@ -128,6 +128,68 @@ def conventions(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> Dict[st
             "8N_hardware": fl.hardware / tokens}
 
 
+@dataclass
+class FlopModel:
+    """FLOPs to train any model: `training(tokens, tokens_x_len)` = per_token * tokens + per_token_len *
+    tokens_x_len (a transformer's FLOPs are linear in the tokens plus its attention's term in the length).
+    The built-in Llama's comes from the formula above; any other model's is counted by torch's FLOP counter
+    on the meta device (`counted`), once at set-up. `source` says which."""
+    per_token: float               # model FLOPs per token independent of the length (the matmuls)
+    per_token_len: float           # per token and unit of sequence length (attention's products)
+    hw_per_token: float            # the same with activation checkpointing's recompute (HFU)
+    hw_per_token_len: float
+    matmul_params: int             # N of the 6N convention: parameters used in matmuls (LM head included)
+    source: str
+    llama: Optional[ModelConfig] = None   # the built-in model's config, for the formula's own figures
+
+    @classmethod
+    def analytic(cls, cfg: ModelConfig) -> "FlopModel":
+        one, quad = training_flops(cfg, 1, 0), training_flops(cfg, 0, 1)
+        return cls(one.model, quad.model, one.hardware, quad.hardware,
+                   block_matmul_params(cfg) + cfg.dim * cfg.vocab_size, ANALYTIC, cfg)
+
+    @classmethod
+    def fitted(cls, counts: Dict[int, Tuple[float, float]], matmul_params: int) -> "FlopModel":
+        """From counted training FLOPs of one sequence at two lengths, {length: (model, hardware)}:
+        F(L) = a L + b L^2 solved for (a, b)."""
+        (l1, c1), (l2, c2) = sorted(counts.items())[-1], sorted(counts.items())[0]
+
+        def solve(i: int) -> Tuple[float, float]:
+            f1, f2 = c1[i] / l1, c2[i] / l2
+            b = (f1 - f2) / (l1 - l2) if l1 != l2 else 0.0
+            return f1 - b * l1, b
+        (a, b), (ha, hb) = solve(0), solve(1)
+        return cls(a, b, ha, hb, matmul_params, COUNTED)
+
+    def training(self, tokens: float, tokens_x_len: float) -> FlopsPerToken:
+        return FlopsPerToken(model=self.per_token * tokens + self.per_token_len * tokens_x_len,
+                             hardware=self.hw_per_token * tokens + self.hw_per_token_len * tokens_x_len)
+
+    def conventions(self, tokens: float, tokens_x_len: float) -> Dict[str, float]:
+        if self.llama is not None:
+            return conventions(self.llama, tokens, tokens_x_len)
+        fl = self.training(tokens, tokens_x_len)
+        dense = 6.0 * self.matmul_params
+        attention = fl.model / tokens - dense
+        return {"6N": dense, "6N+attn_full": fl.model / tokens, "6N+attn_causal": dense + attention / 2,
+                "8N_hardware": fl.hardware / tokens}
+
+    def full_recompute(self, tokens: float, tokens_x_len: float) -> float:
+        """The article's 8N rule: training plus one more forward. Exact per block for the built-in Llama
+        (its LM head is not checkpointed); for any other model, 8/6 of the model FLOPs."""
+        if self.llama is not None:
+            return full_recompute_flops(self.llama, tokens, tokens_x_len)
+        return self.training(tokens, tokens_x_len).model * 8 / 6
+
+    def six_n(self) -> float:
+        """6 x the matmul parameters of the blocks (built-in Llama) or of the whole model (any other)."""
+        return 6.0 * (block_matmul_params(self.llama) if self.llama is not None else self.matmul_params)
+
+
+ANALYTIC = "analytic: the built-in Llama's formula (metrics/flops.py)"
+COUNTED = "counted: torch.utils.flop_counter on the meta device, at train.seq_len and half of it"
+
+
 def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Optional[float]) -> Optional[float]:
     """Achieved FLOP/s over peak FLOP/s; None when there is no peak to compare with."""
     if not peak_flops:

@@ -43,8 +43,10 @@ def invalid_utilizations(figures: Dict[str, object], peak_source: Optional[str])
 class Meter:
     """The run's figures: called by the loop without host syncs, read at log steps and at the end."""
 
-    def __init__(self, cfg: AblateConfig, env, feeder, strategy, totals: Optional[Dict[str, float]] = None):
+    def __init__(self, cfg: AblateConfig, env, feeder, strategy, flop_model: F.FlopModel,
+                 totals: Optional[Dict[str, float]] = None):
         self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
+        self.flop_model = flop_model
         device = self.device
         self.feeder, self.strategy = feeder, strategy
         self.notes: Dict[str, str] = {}
@@ -173,7 +175,7 @@ class Meter:
 
     def _speed(self, elapsed: float, phases: Dict[str, float]) -> Dict[str, object]:
         tokens = self.feeder.tokens - self._tokens0
-        fl = F.training_flops(self.cfg.model, tokens, self.feeder.tokens_x_len - self._txl0)
+        fl = self.flop_model.training(tokens, self.feeder.tokens_x_len - self._txl0)
         steps = self.totals["steps"] - self._steps0
         wait, copy = self.feeder.wait_s - self._wait0, self.feeder.copy_s - self._copy0
         comm_bytes, comm_calls = (self.strategy.comm.bytes - self._comm0[0], self.strategy.comm.calls - self._comm0[1])
@@ -229,13 +231,13 @@ class Meter:
         seq = self.cfg.train.seq_len
         out.update({
             "flops_per_token": t["flops"] / t["tokens"], "hw_flops_per_token": t["hw_flops"] / t["tokens"],
-            "flops_per_token_6n": 6 * F.block_matmul_params(self.cfg.model),
+            "flops_per_token_6n": self.flop_model.six_n(), "flops_source": self.flop_model.source,
             "mfu_convention": F.MFU_CONVENTION,
             "mfu_conventions": {name: {"flops_per_token": fpt, "mfu": F.utilization(out["tokens_per_s_per_device"],
                                                                                     fpt, self.peak.value)}
-                                for name, fpt in F.conventions(self.cfg.model, t["tokens"], t["txl"]).items()},
+                                for name, fpt in self.flop_model.conventions(t["tokens"], t["txl"]).items()},
             "flops_per_token_full_recompute":
-                F.full_recompute_flops(self.cfg.model, t["tokens"], t["txl"]) / t["tokens"],
+                self.flop_model.full_recompute(t["tokens"], t["txl"]) / t["tokens"],
             **self.peak.record(), "invalid": self.invalid,
             "device_name": self.peak.device_name, "world_size": self.world_size,
             "gpu_util": sum(self.util_samples) / len(self.util_samples) if self.util_samples else None,

@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ablate.config import AblateConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from ablate.config import AblateConfig, OptimConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from ablate.precision import Precision
 
 
@@ -57,16 +57,16 @@ def check(cfg: AblateConfig, has_cuda: bool) -> None:
     strategy_class(cfg.parallel.name).check(cfg.parallel, Precision(cfg.precision), has_cuda)
 
 
-def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: TrainConfig, device,
-          world_size: int):
+def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: TrainConfig, optim_cfg: OptimConfig,
+          device, world_size: int):
     """The strategy for `parallel=`, owning the numerics of `precision=` (see precision.py).
     fp8 layers are converted before torch.compile, which comes before the strategy wraps the model."""
     prec = Precision(precision, device)
     model = prec.prepare_model(model)
     if train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a
-        for block in model.layers:   # 16-layer 1B model compiles one block (seconds), not one 16-layer graph
+        for block in model.blocks.modules or [model]:   # 16-layer 1B model compiles one block (seconds)
             block.compile()
-    return strategy_class(parallel.name)(model, parallel, train, prec, device, world_size)
+    return strategy_class(parallel.name)(model, parallel, train, optim_cfg, prec, device, world_size)
 
 
 def plan_bytes(numels: List[int], cfg: AblateConfig):

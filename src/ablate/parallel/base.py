@@ -17,7 +17,8 @@ from typing import Dict, Iterable, List, Optional
 import torch
 import torch.distributed as dist
 
-from ablate.config import TrainConfig
+from ablate import optim
+from ablate.config import OptimConfig, TrainConfig
 from ablate.precision import Precision
 
 
@@ -46,18 +47,6 @@ class Breakdown:
     @property
     def total(self) -> float:
         return self.params + self.grads + self.optimizer
-
-
-def make_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig):
-    """AdamW, decaying matrices only; fused kernel where this torch has one for the device."""
-    params = [p for p in params if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": train.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    betas = (train.beta1, train.beta2)
-    try:
-        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, fused=True)
-    except (RuntimeError, ValueError):
-        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, foreach=True)
 
 
 def storages(tensors: Iterable[torch.Tensor]) -> Dict[int, int]:
@@ -158,12 +147,14 @@ class Strategy(ABC):
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    def apply_hyperparameters(self, train: TrainConfig) -> None:
+    def apply_hyperparameters(self, cfg: OptimConfig) -> None:
         """After a resume: the run's lr, betas and weight decay, not the checkpoint's."""
         for group in self.optimizer_param_groups:
-            group["lr"], group["betas"] = train.lr, (train.beta1, train.beta2)
+            group["lr"] = cfg.lr
+            if "betas" in group:
+                group["betas"] = (cfg.beta1, cfg.beta2)
             if group.get("weight_decay"):   # the decayed group (matrices); norms and biases stay at 0
-                group["weight_decay"] = train.weight_decay
+                group["weight_decay"] = cfg.weight_decay
 
     @abstractmethod
     def save_checkpoint(self, directory: Path) -> None:
@@ -184,9 +175,9 @@ class TorchStrategy(Strategy):
 
     grad_reduce_dtype: Optional[torch.dtype] = torch.float32   # None: no reduction (one process)
 
-    def __init__(self, model, train: TrainConfig, precision: Precision, device: torch.device):
+    def __init__(self, model, train: TrainConfig, optim_cfg: OptimConfig, precision: Precision, device: torch.device):
         self.model, self.train, self.precision, self.device = model, train, precision, device
-        self.optimizer = make_adamw(model.parameters(), train)
+        self.optimizer = optim.build(model.parameters(), optim_cfg)
         self.scaler = precision.grad_scaler()
         self.comm = CommCounter()
         self.measured_state: Dict[str, int] = {}

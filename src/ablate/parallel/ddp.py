@@ -13,17 +13,27 @@ from ablate.parallel.base import Breakdown, TorchStrategy
 from ablate.precision import Precision
 
 
+def buffer_sync(model) -> dict:
+    """DDP's buffer broadcast, on for a model whose state has buffers (BatchNorm's running statistics: rank 0's
+    are the model's, as torch's default has it), off when every buffer is a constant outside the state (the
+    RoPE tables, identical on every rank: broadcasting them each forward is waste)."""
+    state = set(model.state_dict().keys())
+    real = any(name in state for name, _ in model.named_buffers())
+    if real:
+        return {}
+    key = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+        DistributedDataParallel).parameters else "broadcast_buffers"
+    return {key: False}
+
+
 class DDP(TorchStrategy):
     """Replicated float32 parameters; float32 gradients all-reduced in buckets (counted by a comm hook)."""
 
-    def __init__(self, model, parallel, train, precision, device, world_size: int):
-        # buffers (the RoPE tables) are identical on every rank: broadcasting them each forward is waste
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+    def __init__(self, model, parallel, train, optim_cfg, precision, device, world_size: int):
         buckets = {"bucket_cap_mb": parallel.bucket_cap_mb} if parallel.bucket_cap_mb else {}
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      **no_buffer_sync, **buckets)
-        super().__init__(ddp, train, precision, device)
+                                      **buffer_sync(model), **buckets)
+        super().__init__(ddp, train, optim_cfg, precision, device)
         self.no_sync = parallel.no_sync
         ddp.register_comm_hook(None, counting_allreduce_hook(self.comm))
 

@@ -22,11 +22,11 @@ from ablate.precision import Precision
 
 
 class FSDP2(TorchStrategy):
-    def __init__(self, model, parallel, train, precision, device, world_size: int):
-        for block in model.layers:
+    def __init__(self, model, parallel, train, optim_cfg, precision, device, world_size: int):
+        for block in model.blocks.modules:   # the model's repeated blocks (model/contract.py), by rule or named
             fully_shard(block, reshard_after_forward=parallel.reshard_after_forward)
         fully_shard(model, reshard_after_forward=parallel.reshard_after_forward)
-        super().__init__(model, train, precision, device)
+        super().__init__(model, train, optim_cfg, precision, device)
         self.counter = CollectiveCounter(self.comm).install()
 
     @classmethod

@@ -8,8 +8,8 @@ class Local(TorchStrategy):
 
     grad_reduce_dtype = None
 
-    def __init__(self, model, parallel, train, precision, device, world_size: int):
-        super().__init__(model, train, precision, device)
+    def __init__(self, model, parallel, train, optim_cfg, precision, device, world_size: int):
+        super().__init__(model, train, optim_cfg, precision, device)
 
     @classmethod
     def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:

@@ -18,6 +18,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ablate import optim
 from ablate.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig
 from ablate.metrics.comm import CollectiveCounter
 from ablate.parallel import choice
@@ -25,7 +26,6 @@ from ablate.parallel.base import (
     Breakdown,
     CommCounter,
     Strategy,
-    make_adamw,
     optimizer_state_bytes,
     storages,
     tensor_bytes,
@@ -89,7 +89,8 @@ class Zero(Strategy):
 
     overlap_needs_streams = True
 
-    def __init__(self, model, parallel: ParallelConfig, train: TrainConfig, precision, device, world_size: int):
+    def __init__(self, model, parallel: ParallelConfig, train: TrainConfig, optim_cfg, precision, device,
+                 world_size: int):
         self.comm = CommCounter()
         self.counter = CollectiveCounter(self.comm).install()   # before DeepSpeed captures the functions
         if device.type == "cpu":
@@ -99,7 +100,7 @@ class Zero(Strategy):
         self.train, self.precision, self.device = train, precision, device
         self.config = ds_config(parallel, train, precision, world_size)
         self.scaled = precision.spec.loss_scaling
-        optimizer = make_adamw(model.parameters(), train)
+        optimizer = optim.build(model.parameters(), optim_cfg)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                 config=self.config)
         self.measured_state: Dict[str, int] = {}

@@ -25,19 +25,40 @@ from ablate import SWEEPS_DIR, design
 from ablate.config import ConfigError
 
 SUITE_SUFFIX = ".yml"   # sweeps/<name>.yml lists sweeps (week4); sweeps/<name>.yaml is one sweep (a Hydra config)
+# where sweeps/ files are found: a user's config dirs (`--config-dir DIR`: DIR/sweeps/) first, then ablate's own
+SEARCH: List[Path] = [SWEEPS_DIR]
+
+
+def use_config_dirs(dirs: List[str]) -> List[str]:
+    """Look for sweeps in DIR/sweeps/ of each user config dir too; returns the override that gives every run
+    (and Hydra's composition of `+sweeps=NAME`) the same dirs: hydra.searchpath."""
+    if not dirs:
+        return []
+    SEARCH[:0] = [Path(d).resolve() / "sweeps" for d in dirs]
+    return [f"hydra.searchpath=[{','.join(f'file://{Path(d).resolve()}' for d in dirs)}]"]
 
 
 def _path(name: str) -> Path:
-    suite = SWEEPS_DIR / f"{name}{SUITE_SUFFIX}"
-    return suite if suite.exists() else SWEEPS_DIR / f"{name}.yaml"
+    for folder in SEARCH:
+        for candidate in (folder / f"{name}{SUITE_SUFFIX}", folder / f"{name}.yaml"):
+            if candidate.exists():
+                return candidate
+    return SWEEPS_DIR / f"{name}.yaml"
 
 
 def load(name: str) -> dict:
-    return yaml.safe_load(_path(name).read_text()) or {}
+    path = _path(name)
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
 def available() -> List[str]:
-    return sorted({p.stem for p in SWEEPS_DIR.glob("*.yaml")} | {p.stem for p in SWEEPS_DIR.glob(f"*{SUITE_SUFFIX}")})
+    return sorted({p.stem for folder in SEARCH for pattern in ("*.yaml", f"*{SUITE_SUFFIX}")
+                   for p in folder.glob(pattern)})
 
 
 def expand(names: List[str]) -> List[str]:

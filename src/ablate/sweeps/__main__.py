@@ -13,7 +13,7 @@ from ablate import report
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
-from ablate.sweeps import allocation, available, expand, is_factorial, listing, plan_runs
+from ablate.sweeps import allocation, available, expand, is_factorial, listing, plan_runs, use_config_dirs
 from ablate.sweeps.runner import claim_dir, run_all, unfinished
 
 
@@ -47,6 +47,19 @@ def main(argv: List[str] = None) -> int:
         return exit_code_of(e, "ablate.sweeps")
 
 
+def overrides_of(extra: List[str]) -> List[str]:
+    """The runs' overrides after `--`, a `--config-dir DIR` among them made the override every run takes; the
+    dirs of a hydra.searchpath override there are searched for sweeps too (the Slurm driver gets only that)."""
+    from ablate.compose import split_argv
+
+    overrides, dirs = split_argv(extra)
+    given = [o for o in overrides if o.startswith("hydra.searchpath=")]
+    for o in given:
+        use_config_dirs([p.strip()[len("file://"):] for p in o.split("=", 1)[1].strip("[]").split(",")
+                         if p.strip().startswith("file://")])
+    return [*use_config_dirs(dirs), *overrides]
+
+
 def check_options(args, auto: bool) -> None:
     """What argparse's types cannot say, refused in one line (no usage block): the option and what it takes."""
     if not args.names:
@@ -67,6 +80,9 @@ def _main(argv: List[str] = None) -> int:
                                      epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
     parser.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
     parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="a config dir of your own: DIR/sweeps/NAME.yaml are sweeps, DIR/<group>/ choices of "
+                             "every run (as python -m ablate --config-dir)")
     parser.add_argument("--repeats", default="1", help="runs per arm (default 1: no interval), or auto: add "
                         "repeats until every verdict is decided (report/sequential.py)")
     parser.add_argument("--min-repeats", type=int, default=2, help="with --repeats auto: the first look")
@@ -87,6 +103,7 @@ def _main(argv: List[str] = None) -> int:
     parser.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the sweep's one "
                         "allocation and return (default: follow it here until its report is written)")
     args = parser.parse_args(argv)
+    extra = [*use_config_dirs(args.config_dir), *overrides_of(extra)]
     if args.list:
         print(listing())
         return 0

@@ -187,8 +187,9 @@ def check_complete(path: Path) -> None:
 
 
 # what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
-FIXED = ("model", "precision.name")
-CHANGEABLE = ("train.lr", "train.weight_decay", "train.beta1", "train.beta2", "train.max_grad_norm")
+FIXED = ("model", "precision.name", "optim.name", "optim._target_")
+CHANGEABLE = ("optim.lr", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.schedule", "optim.warmup_steps",
+              "optim.min_lr_ratio", "train.max_grad_norm")
 
 
 def _flat(node, prefix="") -> Dict[str, object]:

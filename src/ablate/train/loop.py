@@ -11,7 +11,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ablate import allocator, parallel
+from ablate import allocator, optim, parallel
 from ablate import precision as precision_group
 from ablate.config import AblateConfig, RunStopped
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
@@ -20,7 +20,10 @@ from ablate.logger import Tracker
 from ablate.metrics import comm, steady
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
-from ablate.model import build_model, count_params
+from ablate.model import build as build_model
+from ablate.model import count_params
+from ablate.model.contract import vocab_size_of
+from ablate.model.facts import flop_model
 from ablate.train import checkpoint, distributed, hooks, provenance, ranks, signals
 
 FAILURES_DIR = ".failures"   # <run dir>/.failures/rank{N}.txt: each failing rank's own error, as it happened
@@ -33,11 +36,14 @@ def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
 
 
 def build(cfg: AblateConfig, env: distributed.DistEnv):
+    """The model under the contract, its facts (summary.json's params, blocks, FLOPs' source) and the strategy."""
     torch.manual_seed(cfg.train.seed)           # same initial weights on every rank
     model = build_model(cfg.model, env.device)
-    params = {"params": count_params(model, non_embedding=False), "params_non_embedding": count_params(model)}
-    strategy = parallel.build(cfg.parallel, cfg.precision, model, cfg.train, env.device, env.world_size)
-    return params, strategy
+    facts = {"params": count_params(model.net, non_embedding=False), "params_non_embedding": count_params(model.net),
+             "blocks": model.blocks.record(), "vocab_size": vocab_size_of(model.net),
+             "flops": flop_model(cfg.model, cfg.train.seq_len, model.net)}
+    strategy = parallel.build(cfg.parallel, cfg.precision, model, cfg.train, cfg.optim, env.device, env.world_size)
+    return facts, strategy
 
 
 class Loop:
@@ -53,6 +59,7 @@ class Loop:
         self.preemption = signals.Preemption(env.world_size)
         self.saved_step: Optional[int] = None
         self.hooks = hooks.load()   # ABLATE_STEP_HOOKS: called as each step begins (train/hooks.py)
+        self.lr = cfg.optim.lr
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
@@ -79,6 +86,8 @@ class Loop:
             self.meter.step_begins(step)
             for hook in self.hooks:
                 hook(self.env.rank, step)
+            self.lr = optim.lr_at(step, self.cfg.optim, t.steps)
+            optim.set_lr(self.strategy.optimizer_param_groups, self.lr)
             self.micro_steps()
             self.meter.clock.begin()
             grad_norm = self.strategy.step(measure_state=step == t.steps)
@@ -90,6 +99,7 @@ class Loop:
             row = None
             if step % t.log_every == 0 or step == t.steps:
                 row = self.meter.log_point(step)
+                row["lr"] = self.lr
                 self.add_profile(row)
                 self.tracker.log(row)
                 self.check_finite(step)
@@ -168,7 +178,7 @@ def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> D
     changed = checkpoint.check_resumable(meta.get("config"), resolved, meta["step"], env.world_size,
                                          meta.get("world_size"))
     meta = checkpoint.load(path, strategy, env)
-    strategy.apply_hyperparameters(cfg.train)     # lr & co as this run asks, not as the checkpoint had them
+    strategy.apply_hyperparameters(cfg.optim)     # lr & co as this run asks, not as the checkpoint had them
     return {"step": meta["step"], "wandb_id": meta.get("wandb_id"), "totals": meta.get("totals"),
             "changed": changed, "from": str(meta["path"])}
 
@@ -182,15 +192,15 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
     try:
         check_runnable(cfg, env.device)
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
-            params, strategy = build(cfg, env)
+            facts, strategy = build(cfg, env)
         resumed = resume(cfg, run_dir, resolved, strategy, env)
         start_step = resumed["step"]
         if env.is_main:
             checkpoint.truncate_metrics(run_dir, start_step)
-        loader = build_loader(cfg.train, cfg.dataloader, cfg.model.vocab_size, env.rank, env.world_size,
+        loader = build_loader(cfg.train, cfg.dataloader, cfg.data, facts["vocab_size"], env.rank, env.world_size,
                               start_step * cfg.train.grad_accum, env.device)
         feeder = DeviceFeeder(loader, cfg.dataloader, env.device)
-        meter = Meter(cfg, env, feeder, strategy, resumed["totals"])
+        meter = Meter(cfg, env, feeder, strategy, facts.pop("flops"), resumed["totals"])
         tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, resumed["wandb_id"])
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved)
@@ -230,7 +240,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
                 "resumed_from_step": start_step,
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
-                **params, "numerics": strategy.numerics,
+                **facts, "numerics": strategy.numerics,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),

@@ -1,5 +1,6 @@
 """A run that cannot fit in memory, refused in one line before any rank allocates: the planner's per-rank
-state plus an activation estimate, times the ranks on this machine, against what this process can have
+state plus the activations its forward keeps (both measured on the meta device: model/facts.py),
+times the ranks on this machine, against what this process can have
 (available memory and the cgroup limit; a GPU's memory from NVML, without starting CUDA).
 `train.skip_memory_check=true` overrides.
 """
@@ -10,21 +11,10 @@ from typing import Optional
 
 from ablate import nvml, parallel
 from ablate.config import AblateConfig, ConfigError
-from ablate.model import param_numels
+from ablate.model.facts import ModelFacts, measure
 from ablate.units import fmt
 
 RUNTIME_BYTES = 600e6   # python + torch + the data loader per process, measured here: ~350 MB peak RSS tiny
-
-
-def activation_bytes(cfg: AblateConfig) -> float:
-    """A rough upper estimate of one rank's activations for one micro-step: per layer ~(16 d + 6 f) values
-    per token (inputs of each matmul, norms, SwiGLU), plus the logits and their gradient; with activation
-    checkpointing only each block's input and one block at a time. 4 bytes a value (fp32 autocast inputs)."""
-    m, t = cfg.model, cfg.train
-    tokens = t.batch_size * t.seq_len
-    per_layer = tokens * (16 * m.dim + 6 * m.ffn_hidden) * 4
-    layers = (m.n_layers * tokens * m.dim * 4 + per_layer) if m.activation_checkpointing else m.n_layers * per_layer
-    return layers + 2 * tokens * m.vocab_size * 4
 
 
 def available_cpu_bytes() -> float:
@@ -55,11 +45,13 @@ def gpu_bytes() -> Optional[float]:
         return None
 
 
-def check_memory(cfg: AblateConfig, device_type: str) -> None:
+def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts] = None) -> None:
+    """`facts`: the model measured on the meta device (model/facts.py), measured here when not given."""
     if cfg.train.skip_memory_check:
         return
-    state = parallel.plan_bytes(param_numels(cfg), cfg).total
-    per_rank = state + activation_bytes(cfg)
+    facts = facts or measure(cfg)
+    state = parallel.plan_bytes(facts.numels, cfg).total
+    per_rank = state + facts.activation_bytes
     if device_type == "cuda":
         have, where, need = gpu_bytes(), "this GPU has", per_rank
     else:
@@ -69,7 +61,7 @@ def check_memory(cfg: AblateConfig, device_type: str) -> None:
         return
     raise ConfigError(
         f"model={cfg.model.name}: needs about {fmt('bytes', need)} ({cfg.launcher.nproc_per_node} rank(s) x "
-        f"{fmt('bytes', state)} model state (ablate.plan) + {fmt('bytes', activation_bytes(cfg))} activations"
+        f"{fmt('bytes', state)} model state (ablate.plan) + {fmt('bytes', facts.activation_bytes)} activations"
         f"{' + runtime' if device_type != 'cuda' else ''}), {where} {fmt('bytes', have)}; what would fit: a smaller "
         "model, parallel=zero3 or fsdp2 over more ranks, activation checkpointing or a smaller batch "
         "(or train.skip_memory_check=true)")

@@ -60,8 +60,8 @@ class FreshProcessLauncher(Launcher):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
             run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
             # the directory quoted: Hydra's override_dirname holds '=' and ','
-            command = [sys.executable, "-m", "ablate", *overrides, "hydra.mode=RUN", f"hydra.run.dir='{run_dir}'",
-                       *call_group(sweep_config)]
+            command = [sys.executable, "-m", "ablate", *config_dirs(self.config), *overrides, "hydra.mode=RUN",
+                       f"hydra.run.dir='{run_dir}'", *call_group(sweep_config)]
             env = {**os.environ, "ABLATE_PREFLIGHT_DONE": "1"}
             if sweep_config.launcher.name == "slurm":   # this point becomes a task of the sweep's job array
                 array_points.append(Path(str(sweep_config.hydra.sweep.dir)) / ".slurm_array" / f"{idx}.pkl")
@@ -75,6 +75,15 @@ class FreshProcessLauncher(Launcher):
         if array_points:
             submit_array(array_points, Path(str(self.config.hydra.sweep.dir)))
         return runs
+
+
+def config_dirs(cfg: DictConfig) -> List[str]:
+    """The command line's `--config-dir`, for each job: Hydra keeps it as a config source, not an override."""
+    out: List[str] = []
+    for source in cfg.hydra.runtime.config_sources:
+        if source.provider == "command-line" and source.schema == "file":
+            out += ["--config-dir", str(source.path)]
+    return out
 
 
 def call_group(cfg: DictConfig) -> List[str]:

@@ -1,4 +1,5 @@
-"""conf/model -> a Llama-style decoder: RMSNorm, RoPE, SwiGLU, grouped-query attention, SDPA.
+"""The built-in model (`model=tiny|small|1b|8b|70b`): a Llama-style decoder: RMSNorm, RoPE, SwiGLU,
+grouped-query attention, SDPA.
 
 One screen per idea, nanoGPT style. `attention="math"` spells attention out as matmuls so that
 torch.utils.flop_counter can count it (it does not count SDPA on the CPU).
@@ -6,7 +7,6 @@ torch.utils.flop_counter can count it (it does not count SDPA on the CPU).
 from __future__ import annotations
 
 import math
-from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -128,35 +128,10 @@ class Transformer(nn.Module):
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
 
-    def forward(self, tokens, targets=None):
+    def forward(self, tokens):
         t = tokens.shape[1]
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        logits = self.output(self.norm(h))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
-def build_model(cfg: ModelConfig, device="cpu") -> Transformer:
-    with torch.device(device):
-        return Transformer(cfg)
-
-
-def count_params(model: nn.Module, non_embedding: bool = True) -> int:
-    """Parameters, shared ones once. Non-embedding excludes the token embedding table (not a matmul),
-    but keeps the LM head, whose matmul costs FLOPs (tied or not)."""
-    n = sum(p.numel() for p in model.parameters())
-    if non_embedding and isinstance(model, Transformer):
-        if model.cfg.tie_embeddings:
-            return n  # the one shared matrix is used as the LM head: it counts
-        n -= model.tok_embeddings.weight.numel()
-    return n
-
-
-def param_numels(cfg) -> List[int]:
-    """Sizes of the model's parameters (cfg: the whole config), from a model built on the meta device (no
-    memory): the planner's and the memory guard's input."""
-    return [p.numel() for p in build_model(cfg.model, "meta").parameters()]
+        return self.output(self.norm(h))

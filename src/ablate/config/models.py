@@ -1,0 +1,98 @@
+"""conf/model's schemas: the built-in Llama (`base_llama`), a transformers config (`base_hf`), and a user's own
+model file (`_target_` + its arguments), which has no schema of ours: its node is made a UserModelConfig."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from ablate.config.errors import ConfigError
+from ablate.config.fields import check_ranges, choice, num
+
+
+@dataclass
+class ModelConfig:
+    """The built-in Llama-style decoder (`model=tiny|small|1b|8b|70b`, each file starting from `base_llama`).
+    Sizes follow Meta's published Llama 3 configs (see conf/model/*.yaml)."""
+    name: str = "tiny"
+    dim: int = num(64, 1)                  # hidden size
+    n_layers: int = num(2, 1)
+    n_heads: int = num(4, 1)
+    n_kv_heads: int = num(2, 1)            # < n_heads: grouped-query attention
+    vocab_size: int = num(256, 1)
+    ffn_hidden: int = num(192, 1)          # SwiGLU inner size
+    max_seq_len: int = num(256, 1)         # RoPE table length
+    norm_eps: float = num(1e-5, 0, low_open=True)
+    rope_theta: float = num(10000.0, 0, low_open=True)
+    tie_embeddings: bool = False
+    activation_checkpointing: bool = False   # recompute each block's forward in backward (8N accounting)
+    attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
+
+    def __post_init__(self):
+        check_ranges(self, "model")
+        choice("model.attention", self.attention, ("sdpa", "math"))
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
+                              f"{self.n_kv_heads}: dim must divide by n_heads and n_heads by n_kv_heads")
+
+
+@dataclass
+class HFModelConfig:
+    """`model=hf model.config=PATH/config.json`: a transformers causal LM built from its config, randomly
+    initialised (nothing downloaded)."""
+    name: str = "hf"
+    config: Optional[str] = None           # a transformers config.json (or the folder holding one)
+    blocks: Optional[str] = None           # attribute path of the repeated blocks; null: found by rule
+    activation_checkpointing: bool = False
+
+    def __post_init__(self):
+        if not self.config:
+            raise ConfigError("model.config: give the path of a transformers config.json (model=hf "
+                              "model.config=PATH/config.json)")
+        if not os.path.exists(self.config):
+            raise ConfigError(f"model.config={self.config}: no such file")
+
+    @property
+    def max_seq_len(self) -> Optional[int]:
+        return None
+
+
+# keys of a user's model node that ablate reads; every other key is an argument of `_target_`
+USER_MODEL_KEYS = ("name", "_target_", "blocks", "activation_checkpointing", "max_seq_len")
+
+
+@dataclass
+class UserModelConfig:
+    """A model file of the user's own (`--config-dir DIR`, `DIR/model/NAME.yaml`): `_target_` names a class or
+    function that returns an nn.Module (built with Hydra's instantiate), the other keys are its arguments."""
+    target: str
+    name: str = "custom"
+    args: Dict[str, Any] = field(default_factory=dict)
+    blocks: Optional[str] = None
+    activation_checkpointing: bool = False
+    max_seq_len: Optional[int] = None
+
+    @classmethod
+    def from_node(cls, node: Dict[str, Any]) -> "UserModelConfig":
+        return cls(target=str(node["_target_"]), name=node.get("name") or "custom",
+                   args={k: v for k, v in node.items() if k not in USER_MODEL_KEYS},
+                   blocks=node.get("blocks"), activation_checkpointing=bool(node.get("activation_checkpointing")),
+                   max_seq_len=node.get("max_seq_len"))
+
+
+MODEL_SCHEMAS = {"base_llama": ModelConfig, "base_hf": HFModelConfig}   # conf/model files start from these
+
+
+def model_from_node(node: Dict[str, Any]):
+    """A model file without a schema of ours: a user's own model (`_target_` + arguments), or, without
+    `_target_`, the built-in Llama at the sizes it gives (each key checked as `base_llama` would)."""
+    if node.get("_target_"):
+        return UserModelConfig.from_node(node)
+    from omegaconf import OmegaConf
+
+    unknown = sorted(set(node) - {f for f in ModelConfig.__dataclass_fields__})
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]}: no such key of the built-in Llama (model={node.get('name')}); give "
+                          "`_target_:` for a model of your own, or use the Llama's keys: "
+                          f"{', '.join(ModelConfig.__dataclass_fields__)}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), node))

@@ -1,0 +1,95 @@
+"""conf/model -> the network ablate trains: the built-in Llama (`model=tiny|...|70b`), a transformers model from
+its config (`model=hf model.config=PATH`), or a user's own (`DIR/model/NAME.yaml`: `_target_` + arguments).
+
+`REGISTRY` decodes the model node's schema into its builder (nowhere else); `build` wraps the network in
+the contract (contract.py: token ids in, logits out, ablate's loss, blocks found by rule) and applies
+activation checkpointing to the blocks of a model that does not do it itself.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Dict
+
+import torch
+from torch import nn
+
+from ablate.config import ConfigError, HFModelConfig, ModelConfig, UserModelConfig
+from ablate.model.contract import Blocks, LanguageModel, ModelContractError, count_params, find_blocks, matmul_params
+from ablate.model.llama import Transformer
+
+
+def build_llama(cfg: ModelConfig) -> nn.Module:
+    return Transformer(cfg)   # checkpoints its own blocks (model.activation_checkpointing)
+
+
+def build_hf(cfg: HFModelConfig) -> nn.Module:
+    """A transformers causal LM from its config, randomly initialised (from_config downloads nothing)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise ConfigError("model=hf needs transformers: pip install 'ablate[hf]'") from None
+    try:
+        config = AutoConfig.from_pretrained(cfg.config)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.config={cfg.config}: not a transformers config ({str(e).splitlines()[0]})") from None
+    # use_cache as the config has it: without a cache, transformers' masks inspect position values (a host
+    # sync per step, and impossible on the meta device where FLOPs and activations are measured)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def target_of(cfg: UserModelConfig) -> Callable:
+    """The user's `_target_`, imported (from the user's path: the working directory, PYTHONPATH)."""
+    from hydra._internal.utils import _locate  # what instantiate uses; get_object also logs an error line
+
+    try:
+        return _locate(cfg.target)
+    except Exception as e:
+        cause = e.__cause__ or e
+        why = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if str(cause) else type(cause).__name__
+        raise ConfigError(f"model._target_={cfg.target}: cannot import it ({why}); is its module on "
+                          "PYTHONPATH?") from None
+
+
+def build_target(cfg: UserModelConfig) -> nn.Module:
+    try:
+        net = target_of(cfg)(**cfg.args)
+    except TypeError as e:
+        raise ConfigError(f"model={cfg.name}: {cfg.target}(**{dict(cfg.args)}) failed: {e}") from None
+    if not isinstance(net, nn.Module):
+        raise ModelContractError(f"model._target_={cfg.target} returned {type(net).__name__}, not an nn.Module")
+    return net
+
+
+# the model node's schema -> its builder (config/models.py)
+REGISTRY: Dict[type, Callable[..., nn.Module]] = {ModelConfig: build_llama, HFModelConfig: build_hf,
+                                                  UserModelConfig: build_target}
+SELF_CHECKPOINTING = (ModelConfig,)   # builders whose networks checkpoint their own blocks
+
+
+def build_net(cfg, device="cpu") -> nn.Module:
+    with torch.device(device):
+        return REGISTRY[type(cfg)](cfg)
+
+
+def checkpoint_blocks(blocks: Blocks) -> None:
+    """Activation checkpointing of each block, torch's non-reentrant checkpoint (as the built-in Llama does)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks.modules:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def build(cfg, device="cpu") -> LanguageModel:
+    """The model of a `model` node, built on `device` ("meta": shapes only, no memory), under the contract."""
+    net = build_net(cfg, device)
+    blocks = find_blocks(net, getattr(cfg, "blocks", None))
+    if cfg.activation_checkpointing and not isinstance(cfg, SELF_CHECKPOINTING):
+        if not blocks.modules:
+            raise ConfigError(f"model.activation_checkpointing=true: no repeated blocks found in model={cfg.name}; "
+                              "name them with model.blocks=ATTR.PATH")
+        checkpoint_blocks(blocks)
+    return LanguageModel(net, blocks)
+
+
+__all__ = ["REGISTRY", "Blocks", "LanguageModel", "ModelContractError", "build", "build_net", "count_params",
+           "find_blocks", "matmul_params", "target_of"]

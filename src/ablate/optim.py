@@ -1,0 +1,81 @@
+"""conf/optim -> the optimizer over a model's parameters, and the learning rate at each step.
+
+`REGISTRY` decodes `optim.name` (adamw | sgd); a `_target_` (any torch.optim.Optimizer class, or a function
+returning one) is called with the parameter groups, `lr` and `optim.args`. Matrices decay, the rest (norms,
+biases) do not, whichever optimizer.
+
+The schedule is a pure function of the step (`lr_at`), as transformers' get_cosine_schedule_with_warmup is:
+a resumed run is at the same learning rate as the run it continues without any scheduler state to load,
+and the same under every strategy (DeepSpeed's engine included).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Iterable, List
+
+import torch
+
+from ablate.config import ConfigError, OptimConfig
+
+
+def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> List[Dict]:
+    params = [p for p in params if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def adamw(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW; fused kernel where this torch has one for the device."""
+    betas = (cfg.beta1, cfg.beta2)
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, foreach=True)
+
+
+def sgd(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
+
+
+def target(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    from hydra._internal.utils import _locate  # what instantiate uses; get_object also logs an error line
+
+    try:
+        make = _locate(cfg._target_)
+    except Exception as e:
+        raise ConfigError(f"optim._target_={cfg._target_}: cannot import it ({type(e).__name__})") from None
+    return make(groups, lr=cfg.lr, **cfg.args)
+
+
+REGISTRY: Dict[str, Callable[[List[Dict], OptimConfig], torch.optim.Optimizer]] = {"adamw": adamw, "sgd": sgd}
+
+
+def check(cfg: OptimConfig) -> None:
+    if not cfg._target_ and cfg.name not in REGISTRY:
+        raise ConfigError(f"optim.name={cfg.name}: not a valid choice; valid choices: {', '.join(REGISTRY)} (or "
+                          "optim._target_=your.Optimizer)")
+
+
+def build(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    check(cfg)
+    make = target if cfg._target_ else REGISTRY[cfg.name]
+    return make(param_groups(params, cfg.weight_decay), cfg)
+
+
+def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """The learning rate of optimizer step `step` (1-based): linear warm-up over optim.warmup_steps to
+    optim.lr, then constant, or a cosine or linear decay to optim.lr x optim.min_lr_ratio at the last step."""
+    warmup = cfg.warmup_steps
+    if step <= warmup:
+        return cfg.lr * step / warmup
+    if cfg.schedule == "constant":
+        return cfg.lr
+    floor = cfg.lr * cfg.min_lr_ratio
+    progress = (step - warmup) / max(1, total_steps - warmup)   # 0 after warm-up .. 1 at the last step
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "warmup_cosine" else 1 - progress
+    return floor + (cfg.lr - floor) * shape
+
+
+def set_lr(groups: List[Dict], lr: float) -> None:
+    for group in groups:
+        group["lr"] = lr

@@ -1,0 +1,259 @@
+"""Your training, ablated: a user's own model (tests/user/mymodels.py, `_target_` in tests/user/conf/model/),
+a transformers model from its config, a token file, an optimizer and schedule, a config dir and a sweep of
+one's own. The contract, FLOPs, schedule and data are checked in process with hand-checked numbers; each way
+in runs end to end once (costs noted per test)."""
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from ablate import data as data_group
+from ablate import optim
+from ablate.compose import config_of
+from ablate.config import ConfigError, DataConfig, HFModelConfig, ModelConfig, OptimConfig, UserModelConfig
+from ablate.metrics import flops as F
+from ablate.model import build, find_blocks
+from ablate.model.facts import flop_model, measure
+from ablate.parallel.ddp import buffer_sync
+from conftest import USER_DIR, main_in_process, read_jsonl, run_cli, run_module
+from planted import planted
+
+sys.path.insert(0, str(USER_DIR))   # the user's module, importable as it is from their working directory
+MINE = UserModelConfig(target="mymodels.MLPLM", name="mine", args={"vocab_size": 512, "dim": 64, "n_layers": 2})
+# MLPLM(512, 64, 2) by hand: per block up 64x256 + down 256x64 = 32,768 matmul weights, x 2 blocks, + the head
+# 64 x 512 = 32,768: N = 98,304; no attention, so training FLOPs per token = 6N = 589,824
+MINE_MATMUL = 2 * (64 * 256 + 256 * 64) + 64 * 512
+
+
+def user_cfg(tmp_files, *overrides):
+    return config_of(["--config-dir", str(tmp_files.config_dir), *overrides])[1]
+
+
+# -- the contract (in process, < 1 s each) ----------------------------------------------------------------
+
+def test_blocks_are_found_by_rule_or_by_name(user_files):
+    assert build(MINE, "meta").blocks.record() == {"path": "blocks", "count": 2, "class": "Block", "found_by": "rule"}
+    assert build(ModelConfig(), "meta").blocks.record()["path"] == "layers"
+    hf = build(HFModelConfig(config=str(user_files.hf_config)), "meta")
+    assert hf.blocks.record() == {"path": "model.layers", "count": 2, "class": "LlamaDecoderLayer", "found_by": "rule"}
+    named = find_blocks(build(MINE, "meta").net, "blocks.0")
+    assert named.found_by == "named" and len(named.modules) == 1
+    with pytest.raises(ConfigError, match="model.blocks=nope: the model has no such submodule"):
+        find_blocks(build(MINE, "meta").net, "nope")
+
+
+def test_a_model_that_breaks_the_contract_is_refused_saying_what_came_back(user_files):
+    cfg = user_cfg(user_files, "model=mine", "model._target_=mymodels.PerSequenceScore", "~model.dim",
+                   "~model.n_layers")
+    with pytest.raises(ConfigError, match=r"returned a tensor of shape \[1, 1\] for token ids of shape \[1, 64\]"):
+        measure(cfg)
+
+
+def test_user_model_flops_are_6n_of_its_matmuls_and_hf_llama_matches_the_formula(user_files):
+    mine = flop_model(MINE, 64, build(MINE, "meta").net)
+    assert mine.matmul_params == MINE_MATMUL == 98_304
+    assert mine.training(1, 64).model == pytest.approx(6 * MINE_MATMUL, rel=0.02)   # exactly 589,824 here
+    assert mine.source == F.COUNTED
+    # transformers' Llama with the tiny shapes, counted, against ablate's own formula for the same shapes
+    hf_cfg = HFModelConfig(config=str(user_files.hf_config))
+    counted = flop_model(hf_cfg, 64, build(hf_cfg, "meta").net).training(64, 64 * 64).model
+    analytic = F.training_flops(ModelConfig(), 64, 64 * 64).model
+    assert counted == pytest.approx(analytic, rel=0.01)
+
+
+def test_activations_are_measured_and_grow_with_the_batch():
+    small, big = (measure(user_cfg_default(b)) for b in (2, 4))
+    assert big.activation_bytes == 2 * small.activation_bytes > 0
+    ckpt = measure(user_cfg_default(4, "model.activation_checkpointing=true"))
+    assert ckpt.activation_bytes < big.activation_bytes   # checkpointing keeps each block's input only
+
+
+def user_cfg_default(batch, *extra):
+    return config_of([f"train.batch_size={batch}", *extra])[1]
+
+
+def test_ddp_broadcasts_real_buffers_only():
+    from mymodels import BatchNormLM
+
+    assert buffer_sync(BatchNormLM()) == {}                     # running statistics: rank 0's, as torch's default
+    assert list(buffer_sync(build(ModelConfig()).net).values()) == [False]   # RoPE tables: constants
+
+
+# -- optimizer and schedule (in process) -------------------------------------------------------------------
+
+def test_schedules_by_hand():
+    cos = OptimConfig(lr=1.0, schedule="warmup_cosine", warmup_steps=4, min_lr_ratio=0.1)
+    assert [optim.lr_at(s, cos, 12) for s in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert optim.lr_at(8, cos, 12) == pytest.approx(0.1 + 0.9 * 0.5)   # half way: cos(pi/2) = 0
+    assert optim.lr_at(12, cos, 12) == pytest.approx(0.1)               # the floor at the last step
+    lin = OptimConfig(lr=1.0, schedule="warmup_linear", warmup_steps=0, min_lr_ratio=0.0)
+    assert [optim.lr_at(s, lin, 4) for s in (1, 2, 4)] == [0.75, 0.5, 0.0]
+    assert optim.lr_at(3, OptimConfig(lr=0.5), 10) == 0.5
+
+
+def test_optimizers_by_name_or_target():
+    params = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
+    assert isinstance(optim.build(params, OptimConfig(name="sgd")), torch.optim.SGD)
+    adam = optim.build(params, OptimConfig())
+    assert isinstance(adam, torch.optim.AdamW) and [g["weight_decay"] for g in adam.param_groups] == [0.1, 0.0]
+    custom = optim.build(params, OptimConfig(name="mine", _target_="torch.optim.Adagrad"))
+    assert isinstance(custom, torch.optim.Adagrad)
+    with pytest.raises(ConfigError, match="optim.name=lion: not a valid choice; valid choices: adamw, sgd"):
+        optim.build(params, OptimConfig(name="lion"))
+
+
+# -- data (in process) -------------------------------------------------------------------------------------
+
+def test_token_batches_are_a_pure_function_of_seed_and_index(user_files):
+    tokens = data_group.token_file(DataConfig(name="tokens", path=str(user_files.tokens)))
+    a, b = data_group.TokenBatches(tokens, 4, 32, seed=1), data_group.TokenBatches(tokens, 4, 32, seed=1)
+    assert torch.equal(a[7][0], b[7][0]) and not torch.equal(a[7][0], a[8][0])
+    x, y = a[3]
+    assert x.shape == y.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal((x[:, 1:] - x[:, :-1]) % 512, torch.full((4, 31), 3))   # the file counts by 3
+
+
+def test_an_llmc_header_is_read(tmp_path):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240801, 7, 100)   # llm.c's Llama 3 files: uint32 ids
+    path = tmp_path / "llmc.bin"
+    path.write_bytes(header.tobytes() + np.arange(100, dtype=np.uint32).tobytes())
+    tokens = data_group.token_file(DataConfig(name="tokens", path=str(path)))
+    assert tokens.dtype == np.uint32 and len(tokens) == 100 and int(tokens[99]) == 99
+
+
+def test_files_that_cannot_feed_the_run_are_refused_in_one_line(tmp_path, user_files):
+    short = tmp_path / "short.bin"
+    np.arange(10, dtype=np.uint16).tofile(short)
+    with pytest.raises(ConfigError, match=r"10 token ids, shorter than one sequence \(train.seq_len \+ 1 = 65\)"):
+        data_group.check(DataConfig(name="tokens", path=str(short)), 64, 512)
+    with pytest.raises(ConfigError, match="holds token id 511, but the model's vocabulary has 256"):
+        data_group.check(DataConfig(name="tokens", path=str(user_files.tokens)), 64, 256)
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x00" * 101)
+    with pytest.raises(ConfigError, match="101 bytes is not a whole number of uint16 ids"):
+        data_group.check(DataConfig(name="tokens", path=str(odd)), 4, 512)
+
+
+def test_a_datasets_folder_is_packed(user_files):
+    pytest.importorskip("datasets")
+    tokens = data_group.tokens_of(DataConfig(name="hf", path=str(user_files.dataset)))
+    assert len(tokens) == 40 * 50 and int(tokens[50]) == 7   # row 1 starts at 7
+    with pytest.raises(ConfigError, match="data.column=ids: no such column .*; valid choices: input_ids"):
+        data_group.tokens_of(DataConfig(name="hf", path=str(user_files.dataset), column="ids"))
+
+
+# -- refusals through the front door, in process (no directory made) ---------------------------------------
+
+@pytest.mark.parametrize("args,line", [
+    (["model=mine", "model._target_=nope.mod.build"],
+     "model._target_=nope.mod.build: cannot import it (ModuleNotFoundError: No module named 'nope')"),
+    (["data=tokens", "data.path=/nonexistent"], "data.path=/nonexistent: no such file or directory"),
+    (["model=hf"], "model.config: give the path of a transformers config.json"),
+    (["model=mine", "+model.dimm=3"], "mymodels.MLPLM(**{'vocab_size': 512, 'dim': 64, 'n_layers': 2, 'dimm': 3}) "
+                                      "failed: MLPLM.__init__() got an unexpected keyword argument 'dimm'"),
+])
+def test_a_bad_model_or_data_is_one_line_before_any_directory(tmp_path, monkeypatch, capsys, user_files, args, line):
+    code = main_in_process(monkeypatch, ["--config-dir", str(user_files.config_dir), *args,
+                                         f"hydra.run.dir={tmp_path}/run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and line in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_yaml_mistake_names_the_file_the_key_and_the_problem(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "broken.yaml").write_text("_target_: mymodels.MLPLM\nvocab_size: 512\n  dim: 64\n")
+    (tmp_path / "model" / "typo.yaml").write_text("defaults:\n  - base_llama\n  - _self_\ndimm: 64\n")
+    with pytest.raises(ConfigError, match=r"model/broken.yaml line 3, column 6: not valid YAML \(mapping values"):
+        config_of(["--config-dir", str(tmp_path), "model=broken"])
+    with pytest.raises(ConfigError, match="model/typo.yaml: model.dimm: Key 'dimm' not in 'ModelConfig'"):
+        config_of(["--config-dir", str(tmp_path), "model=typo"])
+
+
+def test_plan_takes_the_config_dir_and_prints_activations(user_files, monkeypatch, capsys):
+    from ablate import plan
+
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    plan.main(["--config-dir", str(user_files.config_dir), "model=mine", "parallel=zero3", "launcher=slurm",
+               "precision=bf16"])
+    out = capsys.readouterr().out
+    assert "model=mine" in out and "Activations per GPU: " in out
+
+
+# -- end to end, once each ---------------------------------------------------------------------------------
+
+def test_your_model_on_your_tokens_trains_with_6n_flops_and_an_mfu(tmp_path, monkeypatch, user_files):
+    """In process (~4 s): the README's command, `--config-dir DIR model=mine data=tokens data.path=...`."""
+    code = main_in_process(monkeypatch, ["--config-dir", str(user_files.config_dir), "model=mine", "data=tokens",
+                                         f"data.path={user_files.tokens}", "logger=none", "train.steps=8",
+                                         "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=128",
+                                         f"hydra.run.dir={tmp_path}"])
+    assert code == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["flops_per_token"] == pytest.approx(6 * MINE_MATMUL, rel=0.02) and s["flops_source"] == F.COUNTED
+    assert s["mfu"] is not None and s["blocks"]["found_by"] == "rule" and s["vocab_size"] == 512
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows[-1]["loss"] < rows[0]["loss"] and all(r["lr"] == 3e-3 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["fsdp2", "zero3"])
+def test_your_model_on_two_ranks_resumes_exactly(tmp_path, user_files, parallel):
+    """Three 2-rank runs (~60 s fsdp2, ~90 s zero3): a reference, one stopped by a planted failure at step 5
+    after its step-4 checkpoint, and its resume, under warmup_cosine: the resume ends on the reference's loss."""
+    common = ["--config-dir", str(user_files.config_dir), "model=mine", "data=tokens", f"data.path={user_files.tokens}",
+              f"parallel={parallel}", "launcher.nproc_per_node=2", "logger=none", "train.steps=6",
+              "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=128",
+              "optim.schedule=warmup_cosine", "optim.warmup_steps=2"]
+    env = {**planted(), "PYTHONPATH": f"{user_files.env['PYTHONPATH']}:{planted()['PYTHONPATH']}"}
+
+    def run(name, *extra, environment=env):
+        return run_cli([*common, *extra, f"hydra.run.dir={tmp_path / name}"], env=environment)
+
+    assert run("reference").returncode == 0
+    failing = {**env, **planted(failure="1:5"), "PYTHONPATH": env["PYTHONPATH"]}
+    assert run("stopped", "train.checkpoint_every=2", environment=failing).returncode != 0
+    resumed = run("resumed", f"train.resume={tmp_path / 'stopped'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ref = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    again = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert again["resumed_from_step"] == 4 and again["loss"] == pytest.approx(ref["loss"], abs=1e-5)
+    assert ref["flops_per_token"] == pytest.approx(6 * MINE_MATMUL, rel=0.02) and ref["mfu"] is not None
+    assert [r["step"] for r in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")] == [6]
+
+
+@pytest.mark.slow
+def test_an_hf_llama_under_ddp_with_sgd_and_a_cosine_schedule(tmp_path, user_files):
+    """One 2-rank run (~20 s): transformers' Llama from a config.json, DDP, SGD, lr rising then falling."""
+    result = run_cli(["model=hf", f"model.config={user_files.hf_config}", "parallel=ddp",
+                      "launcher.nproc_per_node=2", "optim=sgd", "optim.schedule=warmup_cosine",
+                      "optim.warmup_steps=4", "logger=none", "train.steps=10", "train.warmup_steps=2",
+                      "train.log_every=1", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["mfu"] is not None and s["blocks"]["class"] == "LlamaDecoderLayer"
+    assert s["flops_per_token"] == pytest.approx(F.training_flops(ModelConfig(), 1, 64).model, rel=0.01)
+    lrs = [r["lr"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    peak = lrs.index(max(lrs))
+    assert peak == 3 and lrs[:peak + 1] == sorted(lrs[:peak + 1]) and lrs[peak:] == sorted(lrs[peak:], reverse=True)
+
+
+@pytest.mark.slow
+def test_your_config_dir_reaches_every_job_and_your_sweep_runs(tmp_path, user_files):
+    """`-m --config-dir DIR model=mine,tiny` (two fresh processes, ~15 s) and `ablate.sweeps mysweep
+    --config-dir DIR` (two runs and the report, ~20 s)."""
+    grid = run_cli(["-m", "--config-dir", str(user_files.config_dir), "model=mine,tiny", "logger=none",
+                    "train.steps=4", "train.warmup_steps=1", "metrics.gemm_probe_n=128",
+                    f"hydra.sweep.dir={tmp_path / 'grid'}"], env=user_files.env)
+    assert grid.returncode == 0, grid.stderr[-3000:]
+    assert len(list((tmp_path / "grid").glob("*/summary.json"))) == 2
+    swept = run_module("ablate.sweeps", ["mysweep", "--config-dir", str(user_files.config_dir), "--dir",
+                                         str(tmp_path / "sweep"), "--", "logger=none", "metrics.gemm_probe_n=128"],
+                       env=user_files.env)
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert (tmp_path / "sweep" / "report.md").exists()
+    assert sorted(json.loads(p.read_text())["choices"]["optim"] for p in (tmp_path / "sweep").rglob("summary.json")
+                  ) == ["adamw", "sgd"]

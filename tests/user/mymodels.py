@@ -1,0 +1,53 @@
+"""A team's own model, as the README's "Your model and data" has it: token ids in, logits out."""
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class MLPLM(nn.Module):
+    def __init__(self, vocab_size=512, dim=64, n_layers=2):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed, self.head = nn.Embedding(vocab_size, dim), nn.Linear(dim, vocab_size)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(n_layers))
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class BatchNormLM(MLPLM):
+    """With real buffers (BatchNorm's running statistics): DDP must broadcast them."""
+
+    def __init__(self, vocab_size=512, dim=64, n_layers=2):
+        super().__init__(vocab_size, dim, n_layers)
+        self.bn = nn.BatchNorm1d(dim)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = self.bn(h.transpose(1, 2)).transpose(1, 2)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class PerSequenceScore(nn.Module):
+    """Breaks the contract: one value per sequence, not logits per token."""
+
+    def __init__(self, vocab_size=512):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed, self.score = nn.Embedding(vocab_size, 8), nn.Linear(8, 1)
+
+    def forward(self, tokens):
+        return self.score(self.embed(tokens).mean(1))
