@@ -34,7 +34,8 @@ def user_cfg(tmp_files, *overrides):
 # -- the contract (in process, < 1 s each) ----------------------------------------------------------------
 
 def test_blocks_are_found_by_rule_or_by_name(user_files):
-    assert build(MINE, "meta").blocks.record() == {"path": "blocks", "count": 2, "class": "Block", "found_by": "rule"}
+    found = build(MINE, "meta").blocks.record()
+    assert found == {"path": "blocks", "count": 2, "class": "Sequential", "found_by": "rule"}
     assert build(ModelConfig(), "meta").blocks.record()["path"] == "layers"
     hf = build(HFModelConfig(config=str(user_files.hf_config)), "meta")
     assert hf.blocks.record() == {"path": "model.layers", "count": 2, "class": "LlamaDecoderLayer", "found_by": "rule"}
@@ -257,3 +258,22 @@ def test_your_config_dir_reaches_every_job_and_your_sweep_runs(tmp_path, user_fi
     assert (tmp_path / "sweep" / "report.md").exists()
     assert sorted(json.loads(p.read_text())["choices"]["optim"] for p in (tmp_path / "sweep").rglob("summary.json")
                   ) == ["adamw", "sgd"]
+
+
+def test_the_readme_shows_the_files_the_tests_train():
+    """README's "Your model and data" quotes tests/user/ as it is (the module up to the tests' additions)."""
+    import re
+
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text().split("## Your model and data", 1)[1].split("\n## ", 1)[0]
+    python, yaml_block = (re.search(rf"```{lang}\n(.*?)```", readme, re.S).group(1) for lang in ("python", "yaml"))
+    assert python == (USER_DIR / "mymodels.py").read_text().split("\n\n# -- below")[0].rstrip() + "\n"
+    assert yaml_block == (USER_DIR / "conf" / "model" / "mine.yaml").read_text()
+
+
+def test_maxbatch_without_a_budget_takes_half_the_available_memory():
+    from ablate.maxbatch import budget
+
+    limit, rule = budget(None, cuda=False)
+    assert limit > 0 and "half the memory available now" in rule

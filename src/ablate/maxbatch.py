@@ -199,7 +199,7 @@ def budget(gb: Optional[float], cuda: bool):
         return int(gb * 1e9), f"{figure} within {units.fmt('bytes', int(gb * 1e9))} (--mem-budget-gb)"
     if cuda:
         return None, "no CUDA out-of-memory error"
-    from ablate.train.guards import available_cpu_bytes
+    from ablate.train.memory_guard import available_cpu_bytes
 
     half = int(available_cpu_bytes() // 2)
     return half, f"peak RSS within {units.fmt('bytes', half)} (half the memory available now; --mem-budget-gb sets it)"

@@ -48,7 +48,7 @@ def find_blocks(net: nn.Module, named: Optional[str] = None) -> Blocks:
             found = net.get_submodule(named)
         except AttributeError:
             raise ConfigError(f"model.blocks={named}: the model has no such submodule") from None
-        return Blocks(named, list(found) if isinstance(found, (nn.ModuleList, nn.Sequential)) else [found], "named")
+        return Blocks(named, list(found) if isinstance(found, nn.ModuleList) else [found], "named")
     best, best_key = None, (0, 0)
     for path, module in net.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) and len({type(m) for m in module}) == 1:
