@@ -15,11 +15,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ablate import CONF_DIR, launcher
+from ablate import CONF_DIR, launcher, optim
 from ablate.compose import validate
 from ablate.config.store import register
 from ablate.dataloader import SyntheticBatches
-from ablate import optim
 from ablate.model import build as build_model
 
 MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4", "model.ffn_hidden=768",

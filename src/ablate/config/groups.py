@@ -231,9 +231,10 @@ class MetricsConfig:
     gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
     gemm_probe_n: int = num(0, 0)                # 0: 8192 on CUDA, 1024 on CPU
     nvml_interval_s: float = num(0.2, 0, low_open=True)
-    # where the measured peak is cached per (host, device, dtype, threads), so every run of a sweep shares
-    # one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
+    # where the measured peak is cached per (host, hardware, dtype, threads, torch), so every run and sweep on
+    # a host shares one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
     peak_cache: Optional[str] = None
+    measure_peak: bool = False           # probe again now and replace the cached peak (metrics/peak.py)
     # [start, count]: trace training steps start..start+count-1 with torch.profiler (traces/rank{N}.json.gz)
     # and measure exposed communication and data wait from the trace; null: off
     profile_steps: Optional[List[int]] = None

@@ -20,6 +20,7 @@ from ablate.config import AblateConfig
 from ablate.metrics import flops as F
 from ablate.metrics import memory, steady
 from ablate.metrics.comm import mean_across_ranks
+from ablate.metrics.host import HostLoad
 from ablate.metrics.peak import Peak
 from ablate.metrics.timing import PhaseClock, StepTimes, synchronize
 from ablate.nvml import UtilSampler
@@ -47,6 +48,7 @@ class Meter:
                  totals: Optional[Dict[str, float]] = None):
         self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
         self.flop_model = flop_model
+        self.host = HostLoad()
         device = self.device
         self.feeder, self.strategy = feeder, strategy
         self.notes: Dict[str, str] = {}
@@ -120,6 +122,7 @@ class Meter:
             self.nvml.reset()        # utilisation of the measured steps only, not of warm-up or compile
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)   # peaks of the measured steps only
+        self.host.start()
         self.measuring = True
 
     def exclude_from(self, step: int) -> None:

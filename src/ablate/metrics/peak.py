@@ -1,10 +1,11 @@
 """Peak FLOP/s per device: override > datasheet > measured (a GEMM probe), each kept for the record.
 
-The measured peak is cached per (host, device, dtype, torch threads, probe size) in a JSON file, so every
-run of a sweep divides by the same number: two arms that each probed their own peak on a shared, noisy
-machine could differ 2x in MFU for no reason of their own. `ablate.sweeps` points every run of a sweep at
-<sweep dir>/peak_flops.json (measured once, at the first run); other runs share the user cache
-(ABLATE_CACHE_DIR, else ~/.cache/ablate), re-measured after a day. Each entry says when and how.
+The measured peak is cached per host and hardware and software (host, device, CPU model, dtype, torch
+threads, probe size, torch version) in the user cache (ABLATE_CACHE_DIR, else ~/.cache/ablate), so every run
+and every sweep on this host divides by the same number until one of those changes or the user asks for a
+new measurement (`metrics.measure_peak=true`, `ablate.sweeps --measure-peak`): two arms, or two sweeps, that
+each probed their own peak on a shared, noisy machine could differ 2x in MFU for no reason of their own.
+Each entry says when and how it was measured, and how loaded the host was then (`load_1min`).
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ from ablate import user_cache_dir
 from ablate.metrics import flops as F
 from ablate.precision import numerics
 
-USER_CACHE_MAX_AGE_S = 24 * 3600
-
 
 @contextmanager
 def _locked(path: Path):
@@ -39,30 +38,66 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown cpu"
+
+
+def peak_key(device_name: str, dtype: torch.dtype, n: int) -> str:
+    """What the measured peak depends on: a new key (other hardware, threads or torch) is a new measurement."""
+    return (f"{socket.gethostname()}|{device_name}|{cpu_model()}|{dtype}|threads={torch.get_num_threads()}|n={n}"
+            f"|torch={torch.__version__}")
+
+
 def measured_peak(device: torch.device, device_name: str, dtype: torch.dtype, n: int,
-                  cache: Optional[str]) -> Dict[str, object]:
-    """{flops, measured_at, how, cache, reused} for this machine, from the cache or a fresh probe."""
+                  cache: Optional[str], measure: bool = False) -> Dict[str, object]:
+    """{flops, measured_at, how, cache, reused} for this machine, from the cache or (`measure`, or none cached
+    for this key) a fresh probe."""
     path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
-    key = f"{socket.gethostname()}|{device_name}|{dtype}|threads={torch.get_num_threads()}|n={n}"
+    key = peak_key(device_name, dtype, n)
     with _locked(path):
         try:
             entries = json.loads(path.read_text())
         except (OSError, ValueError):
             entries = {}
         entry = entries.get(key)
-        fresh_enough = entry and (cache or time.time() - entry["measured_unix"] < USER_CACHE_MAX_AGE_S)
-        if fresh_enough:
+        if entry and not measure:
             return {**entry, "cache": str(path), "reused": True}
         flops, seconds = F.gemm_probe(device, dtype, n)
         entry = {"flops": flops, "measured_unix": time.time(),
                  "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  "how": f"median of 10 {n}x{n}x{n} {str(dtype).replace('torch.', '')} matmuls after 3 warm-ups, "
-                        f"{torch.get_num_threads()} torch threads, {seconds:.1f} s", "key": key}
+                        f"{torch.get_num_threads()} torch threads, {seconds:.1f} s", "key": key,
+                 "load_1min": os.getloadavg()[0]}
         entries[key] = entry
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(entries, indent=1))
         os.replace(tmp, path)
         return {**entry, "cache": str(path), "reused": False}
+
+
+def forget_this_host(cache: Optional[str] = None) -> int:
+    """Drop this host's measured peaks (`ablate.sweeps --measure-peak`): the next run measures again, and the
+    runs after it reuse that. Returns how many were dropped."""
+    path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
+    with _locked(path):
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return 0
+        kept = {k: v for k, v in entries.items() if not k.startswith(f"{socket.gethostname()}|")}
+        path.write_text(json.dumps(kept, indent=1))
+        return len(entries) - len(kept)
+
+
+def device_rank_is_first() -> bool:
+    """One rank of a run measures when asked (the others then read its figure: the cache is locked)."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 class Peak:
@@ -77,7 +112,8 @@ class Peak:
             self.datasheet = F.datasheet_peak(self.device_name, spec.peak_column)
         if cfg.metrics.gemm_probe:
             n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
-            self.probe = measured_peak(device, self.device_name, spec.probe_dtype, n, cfg.metrics.peak_cache)
+            self.probe = measured_peak(device, self.device_name, spec.probe_dtype, n, cfg.metrics.peak_cache,
+                                       measure=cfg.metrics.measure_peak and device_rank_is_first())
             # the probe multiplies in bf16: it is no fp8 peak (an fp8 MFU against it would read ~2x high)
             self.measured = None if spec.fp8_matmuls else self.probe["flops"]
         override = cfg.metrics.peak_tflops * 1e12 if cfg.metrics.peak_tflops else None

@@ -45,8 +45,8 @@ def header(report: Dict) -> List[str]:
     if report.get("sequential"):
         lines += ["", sequential.header_line(report["sequential"])]
     hardware = sorted({r.hardware for r in report["runs"]})
-    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", THRESHOLD_RULE, "",
-              outliers.RULE, ""]
+    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", peaks_line(report["runs"]),
+              "", THRESHOLD_RULE, "", outliers.RULE, ""]
     groups = sorted({(r.summary.get("wandb") or {}).get("group") for r in report["runs"]} - {None})
     if groups:
         lines += [f"W&B: group(s) {', '.join(f'`{g}`' for g in groups)} (in the project, *Group* by that name; "
@@ -59,6 +59,22 @@ def header(report: Dict) -> List[str]:
         lines += ["**Outliers and stalls** (each check touched by an outlier gives its estimate the other way "
                   "too, in *other way*):", ""] + named + [""]
     return lines
+
+
+def peaks_line(runs) -> str:
+    """Which peak FLOP/s the runs' MFU divides by, and when it was measured: one per host and dtype, shared
+    by every run and sweep there (metrics/peak.py), so MFU compares across sweeps."""
+    seen = {}
+    for r in runs:
+        s = r.summary
+        if s.get("peak_flops"):
+            probe = s.get("peak_flops_probe") or {}
+            when = f", measured {probe['measured_at']}" if s.get("peak_flops_source") == "measured" and probe else ""
+            label = f"{s['peak_flops'] / 1e12:.4g} TFLOP/s ({s.get('peak_flops_source')}{when})"
+            seen[label] = seen.get(label, 0) + 1
+    if not seen:
+        return "Peak FLOP/s: none recorded (no MFU)."
+    return "Peak FLOP/s (MFU's denominator): " + "; ".join(f"{k} in {n} run(s)" for k, n in seen.items()) + "."
 
 
 def against_expected(c) -> bool:

@@ -15,7 +15,8 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 # keys that never make two runs different arms: repeat axes, bookkeeping, where files go
-NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache", "launcher.folder",
+NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache",
+              "metrics.measure_peak", "launcher.folder",
               "launcher.wait", "launcher.dry_run")
 
 

@@ -4,7 +4,8 @@ with repeats, interleaved, each run in a fresh process, then the report.
 Order: every arm once per block, block after block (A B, A B, ...: drift on a shared machine hits both
 arms alike), or `--order random` (each block shuffled). Each run is `python -m ablate +sweeps=NAME
 <arm> sweep.repeat=K` in its own process (allocator, NCCL and CUDA settings are per process), and every
-run of the call shares one measured peak (metrics.peak_cache), so MFU has one denominator.
+run shares this host's one measured peak (metrics/peak.py; --measure-peak measures it again), so MFU
+has one denominator.
 `python -m ablate.sweeps --list` lists the sweeps; `week4` is the whole table (sweeps/week4.yml:
 a suite, a list of sweeps; .yml so that Hydra, which reads only .yaml, does not offer it as `+sweeps=week4`).
 A factorial sweep (`design: factorial`) runs its design's cells in randomized blocks; a stack

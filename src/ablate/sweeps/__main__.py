@@ -100,6 +100,9 @@ def _main(argv: List[str] = None) -> int:
                         help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
     parser.add_argument("--repeat-side-arms", action="store_true",
                         help="repeat arms that are neither baseline nor treatment too (default: once)")
+    parser.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
+                        "first run (every run and sweep here reuses the cached one until the hardware or torch "
+                        "changes)")
     parser.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the sweep's one "
                         "allocation and return (default: follow it here until its report is written)")
     args = parser.parse_args(argv)
@@ -129,6 +132,11 @@ def _main(argv: List[str] = None) -> int:
         return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
     if allocation.allocates(configs) and allocation.inside():
         steps = allocation.Steps(configs)
+    if args.measure_peak:
+        from ablate.metrics.peak import forget_this_host
+
+        print(f"peak FLOP/s: {forget_this_host()} cached figure(s) of this host dropped; the first run measures "
+              "again", flush=True)
     search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
     env = {"ABLATE_PREFLIGHT_DONE": "1"}
     if auto:

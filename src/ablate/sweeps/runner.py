@@ -178,7 +178,7 @@ def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, s
     group = [] if any(o.startswith("logger.group=") for o in combo) else [f"logger.group='{name}-{root.name}'"]
     step = steps.prefix(combo, f"ablate-{run_dir.name}") if steps else []
     cmd = [*step, sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
-           f"sweep.repeat={r}", f"metrics.peak_cache={root / 'peak_flops.json'}", *group]
+           f"sweep.repeat={r}", *group]
     t0 = time.monotonic()
     result = run_bounded(cmd, env, timeout, grace_s=STEP_GRACE_S if step else 0)
     spec = load(name).get("sweep", {}).get("batch_search")

@@ -17,7 +17,7 @@ from ablate.config import AblateConfig, RunStopped
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
-from ablate.metrics import comm, steady
+from ablate.metrics import comm, host, steady
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED, StepProfiler
 from ablate.model import build as build_model
@@ -232,7 +232,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
-             "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"]},
+             "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
+             **meter.host.rank_figures()},
             env)
         strategy.close()
         if env.is_main:
@@ -244,6 +245,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
+                "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
                 "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
