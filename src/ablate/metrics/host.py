@@ -82,3 +82,27 @@ def summarize(load_start: Optional[float], ranks: List[Dict[str, object]], host:
     out["other_cpu_frac"] = other / first["host_total_s"] if first["host_total_s"] else None
     out["busy"] = out["other_cpu_frac"] is not None and out["other_cpu_frac"] >= BUSY_FRAC
     return out
+
+
+def busy_frac(window_s: float = 1.0) -> Optional[float]:
+    """The share of the host's CPU in use over the next `window_s` seconds (by anything: no run is going)."""
+    import time
+
+    first = host_cpu_jiffies()
+    time.sleep(window_s)
+    second = host_cpu_jiffies()
+    if first is None or second is None or second[1] == first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1])
+
+
+def wait_for_quiet(max_wait_s: float) -> Tuple[float, Optional[float]]:
+    """Wait until the host's CPU is under BUSY_FRAC busy, at most `max_wait_s`: (seconds waited, last share)."""
+    import time
+
+    started = time.monotonic()
+    while True:
+        frac = busy_frac()
+        waited = time.monotonic() - started
+        if frac is None or frac < BUSY_FRAC or waited >= max_wait_s:
+            return waited, frac

@@ -158,7 +158,7 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
     else:   # without a claim there is no verdict: what the interval says of the expected value is a reason
         reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
                                        _unclaimed_expectation(est, expected, tolerance, better, metric),
-                                       _expected_note(spec, base, treat)) if p)
+                                       _expected_note(spec, base, treat), busy_note(spec, base + treat)) if p)
     every = base + treat
     return Check(sweep.get("claim", "—"), group.name, metric, spec.get("what", ""), kind, claimed, expected,
                  tolerance, better, est.median if est else None, est.ci_low if est else None,
@@ -169,6 +169,20 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
                  " ".join(r.path.name for r in every if str(r.path) in (flagged or {}))
                  + " ".join(group.replaced[str(r.path)].path.name for r in every if str(r.path) in group.replaced),
                  _other_way(group, spec, base, treat, flagged or {}, claimed, expected, level) if est else "")
+
+
+def busy_note(spec: Dict, runs: List[R.Run]) -> str:
+    """Runs measured while other processes used the host's CPU (summary.json's host_load): a timing from them
+    is noise as much as effect. Exact figures (bytes, calls) do not depend on it."""
+    if spec.get("exact"):
+        return ""
+    busy = [(r.path.name, r.summary["host_load"]["other_cpu_frac"]) for r in runs
+            if (r.summary.get("host_load") or {}).get("busy")]
+    if not busy:
+        return ""
+    shown = ", ".join(f"{name} ({frac:.0%})" for name, frac in busy[:3]) + (" ..." if len(busy) > 3 else "")
+    return (f"{len(busy)}/{len(runs)} runs on a busy host (other processes' share of the CPU: {shown}): "
+            "timings there are noise as much as effect")
 
 
 def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:

@@ -25,7 +25,7 @@ def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], a
     for r in range(args.max_repeats):
         block = [run for run in runs if run[2] == r]
         failed += run_all(block, root, extra, env, args.run_timeout, args.until, search,
-                          first=sum(1 for run in runs if run[2] < r) + 1, steps=steps)
+                          first=sum(1 for run in runs if run[2] < r) + 1, steps=steps, wait_quiet=args.wait_quiet)
         if r + 1 < args.min_repeats:
             continue
         looks.append(r + 1)
@@ -100,6 +100,9 @@ def _main(argv: List[str] = None) -> int:
                         help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
     parser.add_argument("--repeat-side-arms", action="store_true",
                         help="repeat arms that are neither baseline nor treatment too (default: once)")
+    parser.add_argument("--wait-quiet", type=float, metavar="SECONDS", help="before each run, wait at most this "
+                        "long for the host's CPU to be under 25%% busy (other processes skew timings; each run "
+                        "records host_load either way)")
     parser.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
                         "first run (every run and sweep here reuses the cached one until the hardware or torch "
                         "changes)")
@@ -142,7 +145,9 @@ def _main(argv: List[str] = None) -> int:
     if auto:
         failed, confidence = run_until_decided(runs, root, extra, env, args, search, steps)
     else:
-        failed, confidence = run_all(runs, root, extra, env, args.run_timeout, args.until, search, steps=steps), 0.95
+        failed = run_all(runs, root, extra, env, args.run_timeout, args.until, search, steps=steps,
+                         wait_quiet=args.wait_quiet)
+        confidence = 0.95
     code = report.main([str(root), "--confidence", str(confidence)]) if root.exists() else 2
     if failed:
         print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
@@ -157,6 +162,7 @@ def driver_command(args, root: Path, extra: List[str]) -> List[str]:
              *([f"--order={args.order}"] if args.order else []),
              *([f"--run-timeout={args.run_timeout}"] if args.run_timeout else []),
              *([f"--until={args.until}"] if args.until else []),
+             *([f"--wait-quiet={args.wait_quiet}"] if args.wait_quiet else []),
              *[f"--batch-search={kv}" for kv in args.batch_search],
              *(["--repeat-side-arms"] if args.repeat_side_arms else [])]
     return ["-u", "-m", "ablate.sweeps", *flags, "--", *extra]   # the same plan (D/plan.json): a run inside a

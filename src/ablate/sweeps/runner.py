@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ablate.config import ConfigError
+from ablate.metrics import host
 from ablate.report import outliers
 from ablate.sweeps import _label, load
 from ablate.train import guards
@@ -48,10 +49,12 @@ def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
 
 
 def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
-            until: Optional[float] = None, search: Optional[Dict] = None, first: int = 1, steps=None) -> List[str]:
+            until: Optional[float] = None, search: Optional[Dict] = None, first: int = 1, steps=None,
+            wait_quiet: Optional[float] = None) -> List[str]:
     """Every run in order, each a fresh process (with `steps`, a job step of the sweep's Slurm allocation:
-    allocation.Steps); `until` (a time.time()) skips what would start too late. Then each outlier run
-    (report/outliers.py) is run once more, beside it, and paired in its place."""
+    allocation.Steps); `until` (a time.time()) skips what would start too late; `wait_quiet` (seconds) waits
+    before each run, that long at most, for the host's CPU to be under host.BUSY_FRAC busy. Then each outlier
+    run (report/outliers.py) is run once more, beside it, and paired in its place."""
     failed, started, done = [], time.monotonic(), {}
     env = {**os.environ, **(extra_env or {})}
     for i, (name, combo, r) in enumerate(runs, first):
@@ -67,6 +70,8 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
             continue
         if steps:
             steps.requeue_if_warned(title)
+        if wait_quiet:
+            quiet(title, wait_quiet)
         result = run_one(name, combo, r, run_dir, env, run_timeout, until, search, steps)
         if steps:
             steps.requeue_if_warned(title)
@@ -81,6 +86,16 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
             failed.append(f"{name} {label} r{r}")
     rerun_outliers(root, done, env, run_timeout, until, search, steps)
     return failed
+
+
+def quiet(title: str, max_wait_s: float) -> None:
+    """--wait-quiet: wait (bounded) for a quiet host before a run, saying so when it waited."""
+    waited, frac = host.wait_for_quiet(max_wait_s)
+    if frac is not None and frac >= host.BUSY_FRAC:
+        print(f"{title}: the host is still {frac:.0%} busy after {waited:.0f} s (--wait-quiet): running anyway; "
+              "the run's host_load says so", flush=True)
+    elif waited > 1.5:
+        print(f"{title}: waited {waited:.0f} s for a quiet host (now {frac:.0%} busy)", flush=True)
 
 
 def unfinished(runs, root: Path, extra: List[str]) -> int:

@@ -1,0 +1,66 @@
+"""Numbers that compare across runs and sweeps (#32): one measured peak per host, and the host's load beside
+every speed figure. In process, hand-checked; one real run beside a busy process (~5 s)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ablate.metrics import host
+from ablate.metrics.peak import forget_this_host, measured_peak, peak_key
+from ablate.report.compare import busy_note
+from conftest import main_in_process
+
+
+def test_the_peak_is_kept_until_the_software_changes_or_asked_again(tmp_path):
+    cache = str(tmp_path / "peak.json")
+    first = measured_peak(torch.device("cpu"), "cpu", torch.float32, 64, cache)
+    entries = json.loads(Path(cache).read_text())
+    entries[first["key"]]["measured_unix"] -= 30 * 24 * 3600     # a month old: still this host's peak
+    Path(cache).write_text(json.dumps(entries))
+    assert measured_peak(torch.device("cpu"), "cpu", torch.float32, 64, cache)["reused"]
+    again = measured_peak(torch.device("cpu"), "cpu", torch.float32, 64, cache, measure=True)
+    assert not again["reused"] and "load_1min" in again
+    assert f"torch={torch.__version__}" in peak_key("cpu", torch.float32, 64)   # a torch upgrade: a new peak
+    assert forget_this_host(cache) == 1 and json.loads(Path(cache).read_text()) == {}
+
+
+def test_other_cpu_share_by_hand():
+    ranks = [{"host": "a", "own_cpu_s": 3.0, "host_busy_s": 10.0, "host_total_s": 20.0},
+             {"host": "a", "own_cpu_s": 3.0, "host_busy_s": 10.0, "host_total_s": 20.0},
+             {"host": "b", "own_cpu_s": 9.0, "host_busy_s": 9.0, "host_total_s": 20.0}]
+    load = host.summarize(0.5, ranks, "a")
+    assert load["other_cpu_frac"] == pytest.approx((10 - 6) / 20) and not load["busy"]    # 0.2 < 0.25
+    busy = host.summarize(0.5, [{**ranks[0], "host_busy_s": 14.0}], "a")
+    assert busy["other_cpu_frac"] == pytest.approx(0.55) and busy["busy"]
+    assert host.summarize(None, [{"host": "a", "host_busy_s": None}], "a")["reason"] == host.NOT_LINUX
+
+
+def test_the_report_says_when_runs_were_on_a_busy_host():
+    def run(name, frac):
+        return SimpleNamespace(path=Path(name), summary={"host_load": {"other_cpu_frac": frac,
+                                                                      "busy": frac >= host.BUSY_FRAC}})
+    runs = [run("a", 0.05), run("b", 0.6)]
+    assert busy_note({"metric": "tokens_per_s"}, runs).startswith("1/2 runs on a busy host (other processes' "
+                                                                   "share of the CPU: b (60%))")
+    assert busy_note({"metric": "comm_bytes_per_step", "exact": True}, runs) == ""   # counts do not depend on it
+
+
+def test_a_run_beside_a_busy_process_says_the_host_was_busy(tmp_path, monkeypatch):
+    # another user's process, not a child of this one (a child would count as the run's own, like its loader
+    # workers): started through a shell that leaves it behind
+    pid = int(subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True).stdout)
+    try:
+        code = main_in_process(monkeypatch, ["logger=none", "train.steps=20", "train.warmup_steps=2",
+                                             "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"])
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert code == 0
+    load = json.loads((tmp_path / "summary.json").read_text())["host_load"]
+    assert load["other_cpu_frac"] >= 0.3 and load["busy"], load
