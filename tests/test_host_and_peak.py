@@ -64,3 +64,15 @@ def test_a_run_beside_a_busy_process_says_the_host_was_busy(tmp_path, monkeypatc
     assert code == 0
     load = json.loads((tmp_path / "summary.json").read_text())["host_load"]
     assert load["other_cpu_frac"] >= 0.3 and load["busy"], load
+
+
+def test_more_repeats_extend_a_sweeps_dir_and_fewer_are_refused(tmp_path):
+    """ablate.sweeps NAME --repeats 2 --dir D on a D of --repeats 1: the earlier runs keep their places."""
+    from ablate.sweeps.runner import PLAN_FILE, claim_dir
+
+    def plan(repeats):
+        return [("c3_no_sync", [f"parallel={p}"], r) for r in range(repeats) for p in ("ddp_sync", "ddp")]
+    assert claim_dir(tmp_path, plan(1)) == ""
+    assert claim_dir(tmp_path, plan(2)) == ""
+    assert len(json.loads((tmp_path / PLAN_FILE).read_text())) == 4
+    assert "holds another call's runs" in claim_dir(tmp_path, plan(1))

@@ -92,5 +92,5 @@ def test_a_sweep_killed_mid_run_continues_where_it_stopped_and_a_third_call_reru
     assert list(d.glob("aa_noise/003_*.incomplete-1/metrics.jsonl"))         # the broken one kept, aside
     third = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and third.stdout.count("finished in an earlier call: kept") == 4
-    other = subprocess.run(cmd[:5] + ["3"] + cmd[6:], cwd=REPO, capture_output=True, text=True, timeout=120)
+    other = subprocess.run(cmd[:5] + ["1"] + cmd[6:], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and "holds another call's runs" in other.stderr

@@ -152,8 +152,9 @@ def resume_point(run_dir: Path) -> str:
 
 
 def claim_dir(root: Path, runs) -> str:
-    """The --dir for this call: new (its plan written), or an earlier call of the same plan (continued);
-    '' when fine, else why not."""
+    """The --dir for this call: new (its plan written), an earlier call of the same plan (continued), or of a
+    plan this one extends (more --repeats of the same sweep: the earlier plan is where this one starts, so its
+    runs keep their places and the new repeats follow); '' when fine, else why not."""
     plan = [{"sweep": name, "overrides": combo, "repeat": r} for name, combo, r in runs]
     path = root / PLAN_FILE
     if path.exists():
@@ -164,8 +165,13 @@ def claim_dir(root: Path, runs) -> str:
                     "are this call's; choose another folder, or remove that file to plan the folder anew")
         if earlier == plan:
             return ""
-        return (f"--dir {root} holds another call's runs (a different sweep, repeats or overrides); choose another "
-                f"folder, or repeat that call's command to continue it")
+        if isinstance(earlier, list) and 0 < len(earlier) < len(plan) and plan[:len(earlier)] == earlier:
+            path.write_text(json.dumps(plan, indent=1))   # more repeats of the same runs: added after them
+            print(f"--dir {root}: adding {len(plan) - len(earlier)} run(s) to the {len(earlier)} of an earlier call "
+                  "(more repeats of the same plan)", flush=True)
+            return ""
+        return (f"--dir {root} holds another call's runs (a different sweep, fewer repeats or other overrides); "
+                f"choose another folder, or repeat that call's command to continue it")
     if root.exists() and any(root.rglob("metrics.jsonl")):
         return (f"--dir {root} already holds runs; choose another folder "
                 f"(python -m ablate.report {root} reports on them)")
