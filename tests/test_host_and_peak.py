@@ -76,3 +76,21 @@ def test_more_repeats_extend_a_sweeps_dir_and_fewer_are_refused(tmp_path):
     assert claim_dir(tmp_path, plan(2)) == ""
     assert len(json.loads((tmp_path / PLAN_FILE).read_text())) == 4
     assert "holds another call's runs" in claim_dir(tmp_path, plan(1))
+
+
+def test_an_invalid_figure_feeds_nothing_and_says_why():
+    """A run faster than its own peak has an invalid mfu (summary.json): it is no figure, and the common peak
+    taken from such a run makes every mfu_common_peak invalid too, with the reason."""
+    from ablate.report import runs as R
+
+    def run(name, mfu_invalid):
+        summary = {"peak_flops": 1e11, "tokens_per_s_per_device": 1000.0, "flops_per_token": 1e8, "mfu": None,
+                   "invalid": {"mfu": {"value": 1.21, "reason": "121% > 100% is impossible"}} if mfu_invalid else {}}
+        return R.Run(Path(name), summary, {})
+    base, treat = run("base", True), run("treat", False)
+    assert base.metric("mfu") is None and base.invalid("mfu") == "121% > 100% is impossible"
+    R.common_peak([base, treat], [base])
+    assert treat.metric("mfu_common_peak") is None
+    assert "is below what base achieved" in treat.invalid("mfu_common_peak")
+    R.common_peak([base, treat], [treat])   # a sound reference: the figure is there
+    assert treat.metric("mfu_common_peak") == pytest.approx(1.0)

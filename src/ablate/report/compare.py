@@ -103,9 +103,9 @@ def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok:
         note = (every[0].summary.get("notes") or {}).get(spec["metric"])
         return note or "a CUDA GPU effect; these runs were on a CPU"
     for run in every:
-        invalid = (run.summary.get("invalid") or {}).get(spec["metric"])
+        invalid = run.invalid(spec["metric"])
         if invalid:
-            return f"invalid in {run.path.name}: {invalid['reason']}"
+            return f"invalid in {run.path.name}: {invalid}"
     if any(r.metric(spec["metric"]) is None for r in every):
         missing = next(r for r in every if r.metric(spec["metric"]) is None)
         return (missing.summary.get("notes") or {}).get(spec["metric"], f"{spec['metric']} was not recorded")

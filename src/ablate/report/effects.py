@@ -108,6 +108,10 @@ def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
     model_terms = terms(len(knobs), sweep.get("fraction") is None, resolution)
     for metric in sweep.get("responses") or RESPONSES:
         y = [r.metric(metric) for r in runs]
+        invalid = [(r.path.name, r.invalid(metric)) for r in runs if r.invalid(metric)]
+        if invalid:
+            notes.append(f"{metric}: left out, invalid in {len(invalid)} run(s) ({invalid[0][0]}: {invalid[0][1]})")
+            continue
         if any(v is None for v in y):
             notes.append(f"{metric}: not recorded by every run (e.g. not measurable here)")
             continue

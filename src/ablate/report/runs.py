@@ -42,7 +42,16 @@ class Run:
             node = node.get(part) if isinstance(node, dict) else None
         return node
 
+    def invalid(self, name: str) -> Optional[str]:
+        """Why this run's figure `name` must not be used (summary.json's `invalid`, or a figure the report
+        derived from an invalid one), or None."""
+        entry = (self.summary.get("invalid") or {}).get(name) or self.derived.get("invalid", {}).get(name)
+        return entry["reason"] if entry else None
+
     def metric(self, name: str):
+        """The figure, or None when it is absent or invalid (an invalid figure feeds no verdict, effect or plot)."""
+        if self.invalid(name):
+            return None
         if name in self.derived:
             return self.derived[name]
         if name == "state_bytes_total":
@@ -177,10 +186,18 @@ def common_peak(runs: List[Run], reference: List[Run]) -> None:
     if not peaks:
         return
     peak = peaks[len(peaks) // 2]
+    # a reference run faster than its own peak (its mfu invalid): that peak is too low to divide anything by
+    below = [r.path.name for r in reference if r.invalid("mfu")]
     for run in runs:
         rate, fpt = run.summary.get("tokens_per_s_per_device"), run.summary.get("flops_per_token")
         run.derived["mfu_common_peak"] = rate * fpt / peak if rate and fpt else None
         run.derived["common_peak_flops"] = peak
+        run.derived.get("invalid", {}).pop("mfu_common_peak", None)
+        if below:
+            run.derived.setdefault("invalid", {})["mfu_common_peak"] = {
+                "value": run.derived["mfu_common_peak"],
+                "reason": f"the common peak ({peak / 1e12:.3g} TFLOP/s) is below what {', '.join(below[:3])} "
+                          "achieved (their mfu is invalid): a peak measured on a busy host?"}
 
 
 def add_common_peak(group: Group) -> None:
