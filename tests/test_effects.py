@@ -86,13 +86,6 @@ def test_effect_intervals_are_calibrated_over_200_seeded_datasets(tmp_path):
     assert total == 800 and 0.90 <= covered / total <= 0.99, covered / total
 
 
-def test_too_few_runs_for_the_model_say_so(tmp_path):
-    planted(tmp_path, repeats=1)
-    built = report.build([tmp_path])
-    (factorial,) = built["factorials"]
-    assert not factorial.effects and "8 runs for 8 model terms: use --repeats 2" in factorial.notes[0]
-
-
 def test_an_adhoc_grid_is_analysed_by_the_groups_the_user_varied(tmp_path):
     """A `-m precision=fp32,bf16 parallel=ddp_sync,ddp` grid: two factors (not every leaf key the
     groups touch), the first run's levels the reference, seeds as repeats."""
@@ -140,3 +133,18 @@ def test_a_real_two_by_two_grid_on_this_cpu_end_to_end(tmp_path):
         row = rows[("tokens_per_s", term)]
         assert row["n"] == "8" and float(row["ci_low"]) <= float(row["estimate"]) <= float(row["ci_high"])
     assert (grid / "grid.effects.png").exists()
+
+
+def test_one_run_per_cell_gives_point_effects_exact_counts_and_every_cell(tmp_path):
+    """A -m grid at n = 1 (the README's 2x2): every effect as a point estimate, a count's effect exact, and a
+    table of every cell's figures; intervals come with repeats."""
+    planted(tmp_path, repeats=1)
+    assert report.main([str(tmp_path)]) == 0
+    rows = {(r["metric"], r["term"]): r for r in csv.DictReader((tmp_path / "effects.csv").open())}
+    comm = rows[("comm_bytes_per_step", "parallel")]
+    assert comm["exact"] == "True" and float(comm["estimate"]) == pytest.approx(0.125) and comm["n"] == "8"
+    speed_row = rows[("tokens_per_s", "precision")]
+    assert speed_row["exact"] == "False" and speed_row["ci_low"] == ""
+    md = (tmp_path / "report.md").read_text()
+    assert "one run per cell: each effect is a point estimate without an interval" in md
+    assert "Each cell (the central value of its runs):" in md and md.count("| 1 | ") == 8

@@ -262,7 +262,9 @@ class AblateConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    sweep: Dict[str, Any] = field(default_factory=dict)   # a sweeps/ file's claim metadata, if any
+    # a sweeps/ file's claim metadata, if any; `repeat` is there for every run, so a -m grid repeats with
+    # sweep.repeat=0,1 (the report pairs the repeats)
+    sweep: Dict[str, Any] = field(default_factory=lambda: {"repeat": 0})
 
     def __post_init__(self):
         if isinstance(self.model, dict):

@@ -23,13 +23,16 @@ import numpy as np
 
 from ablate import design, units
 from ablate.report import runs as R
-from ablate.report import table
+from ablate.report import stats, table
 
 RESPONSES = ("tokens_per_s", "mfu_common_peak", "step_time_s", "mem_peak_bytes", "comm_bytes_per_step",
              "comm_calls_per_step", "data_wait_frac")
 KINDS = {(True, 1): "ratio", (True, 2): "ratio of ratios", (True, 3): "ratio of ratios of ratios",
          (False, 1): "difference", (False, 2): "difference of differences", (False, 3): "3-way difference"}
 FIELDS = ("metric", "term", "estimate", "ci_low", "ci_high", "n", "kind", "exact")
+# counts the same in every repeat by construction (the collectives a configuration issues): with one run per
+# cell their effects are still exact, where a saturated model's zero residuals prove nothing
+COUNTS = ("comm_bytes_per_step", "comm_calls_per_step")
 
 
 @dataclass
@@ -76,7 +79,8 @@ def fit(metric: str, y: List[float], x: np.ndarray, knobs: List[str], model_term
     values = np.log(y) if log_scale else np.array(y)
     design = np.column_stack([np.ones(len(y))] + [np.prod(x[:, list(t)], axis=1) for t in model_terms])
     result = sm.OLS(values, design).fit()
-    exact = bool(np.allclose(result.resid, 0, atol=1e-9 * max(1.0, float(np.abs(values).max()))))
+    zero_residuals = bool(np.allclose(result.resid, 0, atol=1e-9 * max(1.0, float(np.abs(values).max()))))
+    exact = zero_residuals and (result.df_resid > 0 or metric in COUNTS)
     ci = result.conf_int(0.05) if result.df_resid > 0 else None
     out = []
     for j, t in enumerate(model_terms, start=1):
@@ -118,10 +122,13 @@ def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
         if not units.is_fraction(metric) and min(y) <= 0:
             notes.append(f"{metric}: zero in some runs, so no ratio")
             continue
-        if len(y) <= len(model_terms) + 1:
+        if len(y) < len(model_terms) + 1:
             notes.append(f"{metric}: {len(y)} runs for {len(model_terms) + 1} model terms: use --repeats 2 or more")
             continue
         effects += fit(metric, y, x, knobs, model_terms)
+    if len(runs) == len(model_terms) + 1:
+        notes.append("one run per cell: each effect is a point estimate without an interval (repeats give "
+                     "intervals: `+sweep.repeat=0,1` on a -m grid, or --repeats with ablate.sweeps)")
     return Factorial(name, sweep, runs, effects, notes)
 
 
@@ -162,8 +169,27 @@ def section(a: Factorial, plot: Optional[str]) -> List[str]:
              "other factors; an interaction is a ratio of ratios):", "",
              "| metric | term | effect [95% CI] | kind | n |", "|---|---|---|---|---|"]
     lines += [f"| {e.metric} | `{e.term}` | {effect_text(e)} | {e.kind} | {e.n} |" for e in a.effects]
-    lines += [""] + [f"- {n}" for n in a.notes]
+    lines += [""] + [f"- {n}" for n in a.notes] + cells_table(a)
     return lines + (["", f"![{a.name}]({plot})"] if plot else [])
+
+
+CELL_FIGURES = ("tokens_per_s", "mfu", "mem_peak_bytes", "comm_bytes_per_step", "comm_calls_per_step", "loss")
+
+
+def cells_table(a: Factorial) -> List[str]:
+    """Every cell of the grid with its runs' central figures: what each combination measured, at any n."""
+    knobs = list(a.sweep["factors"])
+    cells: Dict[tuple, List[R.Run]] = {}
+    for run in a.runs:
+        cells.setdefault(tuple(str(run.level(k)) for k in knobs), []).append(run)
+    lines = ["", "Each cell (the central value of its runs):", "",
+             "| " + " | ".join(f"`{k}`" for k in knobs) + " | n | " + " | ".join(CELL_FIGURES) + " |",
+             "|---" * (len(knobs) + 1 + len(CELL_FIGURES)) + "|"]
+    for levels, runs in sorted(cells.items()):
+        values = [stats.central(r.metric(m) for r in runs) for m in CELL_FIGURES]
+        shown = [units.fmt(m, v) if v is not None else "—" for m, v in zip(CELL_FIGURES, values)]
+        lines.append("| " + " | ".join(levels) + f" | {len(runs)} | " + " | ".join(shown) + " |")
+    return lines
 
 
 def draw(out: Path, a: Factorial, metric: str = "tokens_per_s") -> Optional[str]:
