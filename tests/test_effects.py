@@ -148,3 +148,14 @@ def test_one_run_per_cell_gives_point_effects_exact_counts_and_every_cell(tmp_pa
     md = (tmp_path / "report.md").read_text()
     assert "one run per cell: each effect is a point estimate without an interval" in md
     assert "Each cell (the central value of its runs):" in md and md.count("| 1 | ") == 8
+
+
+def test_a_factorial_opens_with_its_conclusion_holm_corrected(tmp_path):
+    planted(tmp_path)
+    built = report.build([tmp_path])
+    (factorial,) = built["factorials"]
+    said = "\n".join(effects.conclusion(factorial))
+    assert "the largest main effects: `parallel` x1.98 [x1.92, x2.04]; `precision` x1.52" in said   # planted 2, 1.5
+    assert "Interactions distinguishable from noise: `precision:parallel` x1.24" in said   # planted 1.2
+    p = {e.term: e.p_holm for e in factorial.effects if e.metric == "tokens_per_s"}
+    assert p["precision:parallel"] < 0.05 and p["parallel:dataloader"] > 0.05   # planted 1.2 vs none

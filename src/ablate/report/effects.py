@@ -29,7 +29,7 @@ RESPONSES = ("tokens_per_s", "mfu_common_peak", "step_time_s", "mem_peak_bytes",
              "comm_calls_per_step", "data_wait_frac")
 KINDS = {(True, 1): "ratio", (True, 2): "ratio of ratios", (True, 3): "ratio of ratios of ratios",
          (False, 1): "difference", (False, 2): "difference of differences", (False, 3): "3-way difference"}
-FIELDS = ("metric", "term", "estimate", "ci_low", "ci_high", "n", "kind", "exact")
+FIELDS = ("metric", "term", "estimate", "ci_low", "ci_high", "n", "kind", "exact", "p_holm")
 # counts the same in every repeat by construction (the collectives a configuration issues): with one run per
 # cell their effects are still exact, where a saturated model's zero residuals prove nothing
 COUNTS = ("comm_bytes_per_step", "comm_calls_per_step")
@@ -45,6 +45,7 @@ class Effect:
     n: int
     kind: str
     exact: bool
+    p_holm: Optional[float] = None   # p of "no effect", Holm-corrected over this metric's terms
 
 
 @dataclass
@@ -82,6 +83,7 @@ def fit(metric: str, y: List[float], x: np.ndarray, knobs: List[str], model_term
     zero_residuals = bool(np.allclose(result.resid, 0, atol=1e-9 * max(1.0, float(np.abs(values).max()))))
     exact = zero_residuals and (result.df_resid > 0 or metric in COUNTS)
     ci = result.conf_int(0.05) if result.df_resid > 0 else None
+    p_holm = holm(list(result.pvalues[1:])) if ci is not None and not exact else [None] * len(model_terms)
     out = []
     for j, t in enumerate(model_terms, start=1):
         def to_effect(b: float, scale: int = 2 ** len(t)) -> float:
@@ -93,8 +95,42 @@ def fit(metric: str, y: List[float], x: np.ndarray, knobs: List[str], model_term
             estimate = float(f"{estimate:.12g}")
             lo = hi = estimate
         out.append(Effect(metric, ":".join(knobs[i] for i in t), estimate, lo, hi, len(y),
-                          KINDS[(log_scale, len(t))], exact))
+                          KINDS[(log_scale, len(t))], exact, p_holm[j - 1]))
     return out
+
+
+def holm(p_values: List[float]) -> List[Optional[float]]:
+    """Holm's step-down correction (statsmodels): the many terms of one metric tested together."""
+    from statsmodels.stats.multitest import multipletests
+
+    if any(p is None or p != p for p in p_values):
+        return [None] * len(p_values)
+    return [float(p) for p in multipletests(p_values, alpha=0.05, method="holm")[1]]
+
+
+def conclusion(a: Factorial, metric: str = "tokens_per_s") -> List[str]:
+    """A factorial's plain-language summary: the largest effects with intervals, and whether any interaction
+    is distinguishable from noise at 5% after Holm's correction over the terms."""
+    shown = [e for e in a.effects if e.metric == metric]
+    if not shown:
+        return [f"No effects on {metric} could be estimated here (see the notes)."]
+    size = (lambda e: abs(math.log(e.estimate))) if shown[0].kind.startswith("ratio") else (lambda e: abs(e.estimate))
+    mains = sorted((e for e in shown if ":" not in e.term), key=size, reverse=True)
+    inter = [e for e in shown if ":" in e.term]
+    said = "; ".join(f"`{e.term}` {effect_text(e)}" for e in mains[:3])
+    lines = [f"**In short** ({metric}): the largest main effects: {said}."]
+    if any(e.p_holm is None for e in shown):
+        lines.append("Which terms stand out from noise cannot be said without repeats (no intervals).")
+        return lines
+    real = [e for e in mains if e.p_holm < 0.05]
+    lines.append(f"{len(real)} of {len(mains)} main effects differ from no change at 5% after Holm's correction "
+                 f"over the {len(shown)} terms" + (f" ({', '.join(f'`{e.term}`' for e in real)})." if real else "."))
+    if inter:
+        seen = [e for e in inter if e.p_holm < 0.05]
+        lines.append("Interactions distinguishable from noise: " + (", ".join(
+            f"`{e.term}` {effect_text(e)} (Holm p = {e.p_holm:.2g})" for e in seen) if seen else
+            f"none (smallest Holm p = {min(e.p_holm for e in inter):.2g})") + ".")
+    return lines
 
 
 def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
@@ -163,6 +199,7 @@ def section(a: Factorial, plot: Optional[str]) -> List[str]:
     grid = (f"Fraction `{s['fraction']}`, resolution {design.resolution(s['fraction'].split())}"
             if s.get("fraction") else "Full grid")
     lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{a.name}`, factorial)", "",
+             *conclusion(a), "",
              "Factors: " + "; ".join(f"`{k}`: {' → '.join(map(str, v))}" for k, v in s["factors"].items())
              + f". {len(a.runs)} runs. {grid}.",
              "", "Effects (95% interval over a linear model; ratios are level 2 over level 1, averaged over the "
@@ -193,41 +230,37 @@ def cells_table(a: Factorial) -> List[str]:
 
 
 def draw(out: Path, a: Factorial, metric: str = "tokens_per_s") -> Optional[str]:
-    """Main effects (geometric mean of the metric at each level) and 2-way interaction plots."""
+    """Every term's effect on `metric` with its 95% interval, on ONE shared axis (log scale for ratios: x0.5 and
+    x2 are as far from no change), so a small effect with a wide interval never looks as steep as a large one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    knobs = list(a.sweep["factors"])
-    values = [r.metric(metric) for r in a.runs]
-    if not a.effects or any(v is None or v <= 0 for v in values):
+    shown = [e for e in a.effects if e.metric == metric]
+    if not shown:
         return None
-    x = coded(a.runs, a.sweep["factors"])
-    logs = np.log(values)
-    pairs = list(combinations(range(len(knobs)), 2))
-    fig, axes = plt.subplots(2, max(len(knobs), len(pairs)), figsize=(3.2 * max(len(knobs), len(pairs)), 6),
-                             squeeze=False)
-    for i, knob in enumerate(knobs):
-        means = [math.exp(logs[x[:, i] == s].mean()) for s in (-1, 1)]
-        axes[0][i].plot([0, 1], means, "o-", color="#2a7ab0")
-        axes[0][i].set_xticks([0, 1], [str(v) for v in a.sweep["factors"][knob]], fontsize=8)
-        axes[0][i].set_title(f"main: {knob}", fontsize=8)
-    for j, (p, q) in enumerate(pairs):
-        for s, colour in ((-1, "#999999"), (1, "#c0392b")):
-            means = [math.exp(logs[(x[:, p] == t) & (x[:, q] == s)].mean()) for t in (-1, 1)]
-            label = f"{knobs[q]}={a.sweep['factors'][knobs[q]][s > 0]}"
-            axes[1][j].plot([0, 1], means, "o-", color=colour, label=label)
-        axes[1][j].set_xticks([0, 1], [str(v) for v in a.sweep["factors"][knobs[p]]], fontsize=8)
-        axes[1][j].set_title(f"{knobs[p]} x {knobs[q]}", fontsize=8)
-        axes[1][j].legend(fontsize=6)
-    for row in axes:
-        for ax in row:
-            ax.tick_params(labelsize=7)
-            if not ax.lines:
-                ax.axis("off")
-    axes[0][0].set_ylabel(f"{metric} (geometric mean)", fontsize=8)
-    fig.suptitle(f"{a.name}: main effects (top) and 2-way interactions (bottom) on {metric}", fontsize=9)
+    ratio = shown[0].kind.startswith("ratio")
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(shown) + 1.4))
+    ys = list(range(len(shown)))[::-1]
+    for y, e in zip(ys, shown):
+        colour = "#2a7ab0" if len(e.term.split(":")) == 1 else "#7f5fb0"
+        if e.ci_low is not None and e.ci_high is not None and e.ci_high > e.ci_low:
+            ax.errorbar([e.estimate], [y], xerr=[[e.estimate - e.ci_low], [e.ci_high - e.estimate]], fmt="o",
+                        color=colour, capsize=3)
+        else:   # a point estimate (one run per cell) or an exact one: no interval drawn
+            ax.plot([e.estimate], [y], "o" if e.exact else "D", color=colour)
+        ax.annotate(effect_text(e), (e.estimate, y), textcoords="offset points", xytext=(0, 6), ha="center",
+                    fontsize=6.5)
+    ax.axvline(1.0 if ratio else 0.0, color="#555555", linewidth=0.8)
+    if ratio:
+        ax.set_xscale("log")
+    ax.set_yticks(ys, [e.term.replace(":", " x ") for e in shown], fontsize=7)
+    ax.margins(y=0.25)
+    ax.set_xlabel(f"effect on {metric} ({'ratio, log scale' if ratio else 'difference'}); "
+                  "purple: interactions", fontsize=8)
+    ax.set_title(f"{a.name}: effects on {metric} with 95% intervals", fontsize=9)
+    ax.tick_params(labelsize=7)
     fig.tight_layout()
     name = f"{a.name}.effects.png"
     fig.savefig(out / name, dpi=110)

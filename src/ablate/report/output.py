@@ -125,7 +125,9 @@ def timelines(out: Path, group) -> List[str]:
         for trace in sorted(run.path.glob("traces/rank*.json.gz")) if run else []:
             rank = trace.name.split(".")[0]
             name = f"{group.name}_{role}_{rank}.timeline.png"
-            if timeline.draw(trace, out / name, f"{group.name} {role} ({arm.value}) {rank}"):
+            start = (run.knob("metrics.profile_steps") or [None])[0]
+            repeat = f", repeat {run.repeat}" if run.repeat is not None else ""
+            if timeline.draw(trace, out / name, f"{group.name}: {role} `{arm.value}`{repeat}, {rank}", start):
                 written.append(name)
     return written
 
@@ -240,9 +242,16 @@ def _draw_panel(ax, p: Dict) -> None:
              for a in p["arms"]]]
     colours = ["#999999" if a["role"] == "baseline" else "#2a7ab0" if a["role"] == "treatment" else "#7fb27f"
                for a in p["arms"]]
-    ax.bar(list(xs), heights, yerr=errs, capsize=4, color=colours)
+    ax.bar(list(xs), heights, color=colours)
+    for x, a in zip(xs, p["arms"]):   # an interval's bar only where there is one: no caps of zero width
+        if a["ci_low"] is not None and a["ci_high"] is not None and a["ci_high"] > a["ci_low"]:
+            ax.errorbar([x], [(a["median"] or 0) / div], yerr=[[errs[0][x]], [errs[1][x]]], capsize=4,
+                        color="#333333", linewidth=1)
     for x, h in zip(xs, heights):
         ax.annotate(f"{units.number(h)}", (x, h), ha="center", va="bottom", fontsize=7)
+    top = max([h + e for h, e in zip(heights, errs[1])] + [(p["claimed_line"] or 0) / div], default=0)
+    if top > 0:
+        ax.set_ylim(0, top * 1.15)   # bars, intervals, their labels and the claimed line inside the axes
     if p["claimed_line"] is not None:
         ax.axhline(p["claimed_line"] / div, color="#c0392b", linestyle="--", linewidth=1, label="claimed")
         ax.legend(fontsize=7, loc="lower right")

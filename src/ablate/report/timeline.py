@@ -10,8 +10,9 @@ from ablate.metrics import overlap as O
 LANES = (("compute", "#2a7ab0"), ("comm", "#7fb27f"), ("data", "#e0a030"))
 
 
-def draw(trace_path: Path, out_png: Path, title: str) -> Optional[Path]:
-    """The first profiled step of this trace; None when the trace has no step."""
+def draw(trace_path: Path, out_png: Path, title: str, training_step: Optional[int] = None) -> Optional[Path]:
+    """The first profiled step of this trace (`training_step`: which step of the run that was, from the run's
+    metrics.profile_steps); None when the trace has no step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +35,8 @@ def draw(trace_path: Path, out_png: Path, title: str) -> Optional[Path]:
     ax.set_yticks(range(len(LANES)), [lane for lane, _ in LANES], fontsize=8)
     ax.set_xlabel("ms into the step", fontsize=8)
     ax.set_xlim(0, (window[1] - window[0]) * 1e3)
-    ax.set_title(f"{title}: profiler step {n}; exposed comm {figures['comm_exposed_s'] * 1e3:.2f} ms, "
+    which = f"training step {training_step}" if training_step is not None else f"profiled step {n}"
+    ax.set_title(f"{title}: {which}; exposed comm {figures['comm_exposed_s'] * 1e3:.2f} ms, "
                  f"overlap {overlap_text}, data wait {figures['data_wait_s'] * 1e3:.2f} ms", fontsize=8)
     ax.legend(fontsize=7, loc="upper right")
     ax.tick_params(labelsize=7)

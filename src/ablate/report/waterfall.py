@@ -136,6 +136,8 @@ def draw(out: Path, s: Stack) -> Optional[str]:
             ax.axis("off")
             continue
         label, div = units.unit(metric, rows[0].value or 1)
+        highest = max(max(r.value, r.ci_high if r.ci_high is not None else r.value) for r in rows)
+        ax.set_ylim(0, highest / div * 1.12)   # every bar and interval inside the axes
         previous = 0.0
         for x, row in enumerate(rows):
             bottom, top = (0.0, row.value) if x == 0 else (previous, row.value)
