@@ -73,7 +73,8 @@ def test_hydras_own_flags_pass_through(tmp_path):
     assert helped.returncode == 0 and "sweeps: " in helped.stdout and ".venv" not in helped.stdout
 
 
-@pytest.mark.parametrize("module", ["ablate.plan", "ablate.sweeps", "ablate.report", "ablate.maxbatch"])
+@pytest.mark.parametrize("module", ["ablate.plan", "ablate.sweeps", "ablate.report", "ablate.maxbatch",
+                                    "ablate.baseline"])
 def test_every_command_has_help(module):
     import subprocess
     import sys

@@ -63,6 +63,11 @@ def _read() -> Dict[str, Dict]:
     return entries if isinstance(entries, dict) and all(isinstance(v, dict) for v in entries.values()) else {}
 
 
+def cached() -> Dict[str, Dict]:
+    """The noise floors this user's cache holds, by host and workload (ablate.baseline keeps the host's)."""
+    return _read()
+
+
 def floor(groups: List[R.Group], checks, flagged: Dict[str, str]) -> Optional[Dict[str, object]]:
     """The floor for these runs: measured by them (and kept, unless an outlier or stall spoiled it), else
     this host's cached floor for their workload, else this host's latest for any workload (said so)."""
