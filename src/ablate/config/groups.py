@@ -235,6 +235,8 @@ class MetricsConfig:
     # a host shares one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
     peak_cache: Optional[str] = None
     measure_peak: bool = False           # probe again now and replace the cached peak (metrics/peak.py)
+    # the figure a -m job returns to Hydra's sweeper (hydra-optuna-sweeper optimises it): any summary.json key
+    objective: str = "tokens_per_s"
     # [start, count]: trace training steps start..start+count-1 with torch.profiler (traces/rank{N}.json.gz)
     # and measure exposed communication and data wait from the trace; null: off
     profile_steps: Optional[List[int]] = None

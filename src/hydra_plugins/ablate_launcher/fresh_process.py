@@ -67,14 +67,34 @@ class FreshProcessLauncher(Launcher):
                 array_points.append(Path(str(sweep_config.hydra.sweep.dir)) / ".slurm_array" / f"{idx}.pkl")
                 env["ABLATE_SLURM_ARRAY"] = str(array_points[-1])
             code = subprocess.call(command, env=env)
-            if code != 0:   # the job printed its own error line; stop as Hydra's basic launcher does
+            basic = str(self.config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper")
+            if code != 0 and basic:   # the job printed its own error line; stop as Hydra's basic launcher does
                 raise SystemExit(code)
+            status, value = job_result(code, run_dir, sweep_config)
             runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
                                   working_dir=str(run_dir), task_name=str(sweep_config.hydra.job.name),
-                                  status=JobStatus.COMPLETED, _return_value=None))
+                                  status=status, _return_value=value))
         if array_points:
             submit_array(array_points, Path(str(self.config.hydra.sweep.dir)))
         return runs
+
+
+def job_result(code: int, run_dir: Path, cfg: DictConfig):
+    """(status, return value) of a finished job: its objective (`metrics.objective`, a summary.json figure),
+    which a Hydra sweeper such as hydra-optuna-sweeper optimises; a failed or refused job is FAILED with its
+    reason (the sweeper records the trial as failed and goes on)."""
+    import json
+
+    key = cfg.metrics.get("objective", "tokens_per_s")
+    summary = run_dir / "summary.json"
+    if code == 0 and summary.exists():
+        value = json.loads(summary.read_text()).get(key)
+        if value is not None:
+            return JobStatus.COMPLETED, float(value)
+        reason = f"the run recorded no {key}"
+    else:
+        reason = f"the job exited {code} (its error line is above; {run_dir})"
+    return JobStatus.FAILED, RuntimeError(reason)
 
 
 def config_dirs(cfg: DictConfig) -> List[str]:

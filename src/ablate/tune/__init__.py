@@ -1,0 +1,130 @@
+"""`python -m ablate.tune`: the fastest configuration within a memory budget, searched with Optuna, the winner
+confirmed against the runner-up (__main__.py runs it; this module: the space, the pruning, a trial).
+
+A trial is `python -m ablate <overrides>` in a fresh process (allocator, NCCL and CUDA settings are per
+process) with the steady-step figures; its objective is a summary.json figure (`metrics.objective`).
+Before a trial runs, the planner and the memory guard (model state + activations, measured on the meta
+device) prune a configuration that cannot fit `--mem-budget-gb`: recorded as pruned with the reason, no
+device time spent on it. A trial that runs out of memory is recorded as `oom`, not as a failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ablate.config import ConfigError
+
+OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "needs about")   # CUDA OOM; ablate's memory guard
+# objectives whose smaller value is better; every other figure is maximised
+MINIMISED = ("step_time_s", "step_time_p90_s", "mem_peak_bytes", "mem_reserved_bytes", "loss")
+STATES = ("complete", "pruned", "failed", "oom")
+
+
+def parse_space(items: List[str]) -> Dict[str, List[str]]:
+    """--space K=V1,V2,... (each a Hydra override key and its choices) -> {K: [V1, V2, ...]}."""
+    space: Dict[str, List[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        choices = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key or len(choices) < 2:
+            raise ConfigError(f"--space {item}: give KEY=V1,V2[,...] (two or more choices), e.g. "
+                              "--space parallel=ddp,fsdp2")
+        space[key] = choices
+    if not space:
+        raise ConfigError("give at least one --space KEY=V1,V2")
+    return space
+
+
+def direction(objective: str) -> str:
+    return "minimize" if objective in MINIMISED else "maximize"
+
+
+@dataclass
+class Trial:
+    number: int
+    overrides: List[str]
+    state: str = "complete"
+    objective: Optional[float] = None
+    mem_peak_bytes: Optional[float] = None
+    reason: str = ""
+    run_dir: str = ""
+    seconds: float = 0.0
+    extra: Dict[str, object] = field(default_factory=dict)
+
+
+def prune_reason(overrides: List[str], budget_bytes: Optional[float]) -> Optional[str]:
+    """Why this configuration cannot fit the budget (the planner's state + the measured activations, per
+    rank), or None: composed as its run would be, nothing started."""
+    from ablate import parallel
+    from ablate.compose import config_of
+    from ablate.model.facts import measure
+    from ablate.units import fmt
+
+    cfg = config_of(overrides)[1]   # a configuration that cannot be composed is a bad space: said in one line
+    if budget_bytes is None:
+        return None
+    facts = measure(cfg)
+    state = parallel.plan_bytes(facts.numels, cfg).total
+    # a lower bound (no allocator cache, buffers or runtime): pruned only what cannot fit; a trial over the
+    # budget that ran anyway is judged by what it measured
+    need = state + facts.activation_bytes
+    if need > budget_bytes:
+        return (f"needs at least {fmt('bytes', need)} per rank (model state {fmt('bytes', state)} + activations "
+                f"{fmt('bytes', facts.activation_bytes)}), over the {fmt('bytes', budget_bytes)} budget")
+    return None
+
+
+def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[float] = None) -> Trial:
+    """One trial in a fresh process (its own process group: a stopped tune stops all of it), judged."""
+    command = [sys.executable, "-m", "ablate", *trial.overrides, f"hydra.run.dir={run_dir}"]
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+            raise
+        err = f"timed out after {timeout:.0f} s"
+    trial.seconds, trial.run_dir = round(time.monotonic() - started, 1), str(run_dir)
+    summary_path = run_dir / "summary.json"
+    if proc.returncode == 0 and summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        trial.objective, trial.mem_peak_bytes = summary.get(objective), summary.get("mem_peak_bytes")
+        if trial.objective is None:
+            trial.state, trial.reason = "failed", (summary.get("notes") or {}).get(objective,
+                                                                                    f"no {objective} recorded")
+        return trial
+    lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+    trial.reason = lines[-1][:300] if lines else f"exit code {proc.returncode}"
+    oom = proc.returncode in (-9, 137) or any(s in (err or "") for s in OUT_OF_MEMORY)
+    trial.state = "oom" if oom else "failed"
+    return trial
+
+
+def pareto(trials: List[Trial], maximise: bool) -> List[Trial]:
+    """The completed trials no other beats on both the objective and peak memory."""
+    done = [t for t in trials if t.state == "complete" and t.objective is not None and t.mem_peak_bytes is not None]
+    better = (lambda a, b: a > b) if maximise else (lambda a, b: a < b)   # noqa: E731
+
+    def dominated(t: Trial) -> bool:
+        return any((better(o.objective, t.objective) or o.objective == t.objective)
+                   and o.mem_peak_bytes <= t.mem_peak_bytes and (o.objective != t.objective
+                                                                 or o.mem_peak_bytes < t.mem_peak_bytes)
+                   for o in done if o is not t)
+    return sorted((t for t in done if not dominated(t)), key=lambda t: t.mem_peak_bytes)
+
+
+def best_two(trials: List[Trial], maximise: bool) -> Tuple[Optional[Trial], Optional[Trial]]:
+    done = sorted((t for t in trials if t.state == "complete" and t.objective is not None),
+                  key=lambda t: t.objective, reverse=maximise)
+    return (done[0] if done else None), (done[1] if len(done) > 1 else None)
