@@ -21,7 +21,7 @@ from conftest import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("readme")]   # the commands share one user directory, in order
 DOCS = [REPO / "README.md", REPO / "sweeps" / "README.md"]
 SHORT = ["train.steps=8", "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=256"]
-TRAINS = ("ablate", "ablate.sweeps")     # entry points that train, so take SHORT
+TRAINS = ("ablate", "ablate.sweeps", "ablate.tune")     # entry points that train, so take SHORT
 # what libraries print on their own (torch's deprecations under DeepSpeed, DeepSpeed's op builds and
 # compiler probes, Kineto's USDT lines, W&B's banner): the run's log file, never the terminal
 LIBRARY_NOISE = re.compile(r"FutureWarning|DeprecationWarning|^USDT:|\bgcc |built successfully|^wandb: ", re.M)
