@@ -27,6 +27,12 @@ MINE = UserModelConfig(target="mymodels.MLPLM", name="mine", args={"vocab_size":
 MINE_MATMUL = 2 * (64 * 256 + 256 * 64) + 64 * 512
 
 
+def has_mfu(summary) -> bool:
+    """An MFU was computed: a figure, or one marked invalid with its value (a peak cached while the host was
+    busy can be below what a later quiet run achieves: the run says so rather than quote over 100%)."""
+    return summary["mfu"] is not None or (summary.get("invalid") or {}).get("mfu", {}).get("value") is not None
+
+
 def user_cfg(tmp_files, *overrides):
     return config_of(["--config-dir", str(tmp_files.config_dir), *overrides])[1]
 
@@ -195,7 +201,7 @@ def test_your_model_on_your_tokens_trains_with_6n_flops_and_an_mfu(tmp_path, mon
     assert code == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["flops_per_token"] == pytest.approx(6 * MINE_MATMUL, rel=0.02) and s["flops_source"] == F.COUNTED
-    assert s["mfu"] is not None and s["blocks"]["found_by"] == "rule" and s["vocab_size"] == 512
+    assert has_mfu(s) and s["blocks"]["found_by"] == "rule" and s["vocab_size"] == 512
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert rows[-1]["loss"] < rows[0]["loss"] and all(r["lr"] == 3e-3 for r in rows)
 
@@ -222,7 +228,7 @@ def test_your_model_on_two_ranks_resumes_exactly(tmp_path, user_files, parallel)
     ref = json.loads((tmp_path / "reference" / "summary.json").read_text())
     again = json.loads((tmp_path / "resumed" / "summary.json").read_text())
     assert again["resumed_from_step"] == 4 and again["loss"] == pytest.approx(ref["loss"], abs=1e-5)
-    assert ref["flops_per_token"] == pytest.approx(6 * MINE_MATMUL, rel=0.02) and ref["mfu"] is not None
+    assert ref["flops_per_token"] == pytest.approx(6 * MINE_MATMUL, rel=0.02) and has_mfu(ref)
     assert [r["step"] for r in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")] == [6]
 
 
@@ -235,7 +241,7 @@ def test_an_hf_llama_under_ddp_with_sgd_and_a_cosine_schedule(tmp_path, user_fil
                       "train.log_every=1", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["mfu"] is not None and s["blocks"]["class"] == "LlamaDecoderLayer"
+    assert has_mfu(s) and s["blocks"]["class"] == "LlamaDecoderLayer"
     assert s["flops_per_token"] == pytest.approx(F.training_flops(ModelConfig(), 1, 64).model, rel=0.01)
     lrs = [r["lr"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
     peak = lrs.index(max(lrs))

@@ -52,7 +52,7 @@ class Meter:
         device = self.device
         self.feeder, self.strategy = feeder, strategy
         self.notes: Dict[str, str] = {}
-        self.peak = Peak(cfg, device, self.notes)
+        self.peak = Peak(cfg, device, self.notes, env.rank)
         self.clock = PhaseClock(device)
         self.nvml = UtilSampler(device.index or 0, cfg.metrics.nvml_interval_s) if device.type == "cuda" else None
         if self.nvml is None or self.nvml.reason:

@@ -95,15 +95,10 @@ def forget_this_host(cache: Optional[str] = None) -> int:
         return len(entries) - len(kept)
 
 
-def device_rank_is_first() -> bool:
-    """One rank of a run measures when asked (the others then read its figure: the cache is locked)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 class Peak:
     """The run's peak FLOP/s per device and where it came from (`source`), with every candidate kept."""
 
-    def __init__(self, cfg, device: torch.device, notes: Dict[str, str]):
+    def __init__(self, cfg, device: torch.device, notes: Dict[str, str], rank: int = 0):
         spec = numerics(cfg.precision.name)
         self.datasheet = self.measured = None
         self.probe: Dict[str, object] = {}
@@ -113,7 +108,7 @@ class Peak:
         if cfg.metrics.gemm_probe:
             n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
             self.probe = measured_peak(device, self.device_name, spec.probe_dtype, n, cfg.metrics.peak_cache,
-                                       measure=cfg.metrics.measure_peak and device_rank_is_first())
+                                       measure=cfg.metrics.measure_peak and rank == 0)   # the others read it
             # the probe multiplies in bf16: it is no fp8 peak (an fp8 MFU against it would read ~2x high)
             self.measured = None if spec.fp8_matmuls else self.probe["flops"]
         override = cfg.metrics.peak_tflops * 1e12 if cfg.metrics.peak_tflops else None
