@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ablate import parallel, units
 from ablate.config import ConfigError, RunStopped
 from ablate.metrics.comm import all_gather_object
-from ablate.train import manifest
+from ablate.train import manifest, pickles
 
 DIRNAME = "checkpoint"     # <run dir>/checkpoint/: meta.pt (rank 0) + the strategy's own files
 PREVIOUS = DIRNAME + ".prev"
@@ -150,7 +150,7 @@ def load(path: Path, strategy, env) -> Dict:
     for candidate in candidates:
         if not (candidate / "meta.pt").is_file():
             continue
-        problems = _agreed(manifest.problem(candidate, env.rank, env.world_size), env)
+        problems = _agreed(manifest.problem(candidate, env.rank, env.world_size) or pickles.unsafe(candidate), env)
         if not problems:
             try:
                 meta = read_meta(candidate)
@@ -180,8 +180,9 @@ def load(path: Path, strategy, env) -> Dict:
 
 def check_complete(path: Path) -> None:
     """Before any rank starts: a resume needs a checkpoint whose files are all there (sizes; the ranks
-    check the contents themselves), else one line naming what is missing."""
-    problems = [manifest.problem(c, checksums=False) for c in _candidates(path) if (c / "meta.pt").is_file()]
+    check the contents themselves) and whose pickles name nothing their format does not need, else one line."""
+    problems = [manifest.problem(c, checksums=False) or pickles.unsafe(c) for c in _candidates(path)
+                if (c / "meta.pt").is_file()]
     if problems and all(problems):
         raise ConfigError(f"train.resume: no complete checkpoint in {path.parent} ({'; '.join(problems)})")
 

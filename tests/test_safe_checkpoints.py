@@ -1,0 +1,65 @@
+"""Checkpoints execute nothing (#33): a pickle planted in DCP's .metadata or a DeepSpeed state is refused by
+the restricted readers before any loader opens it. In process on files written here (~1 s), and one real
+fsdp2 resume past a planted .metadata (2 runs, ~25 s)."""
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+from ablate.train import manifest
+from ablate.train.pickles import unsafe
+from conftest import run_cli
+
+
+class Planted:
+    """What an attacker writes: unpickling it would create a file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_dcp_metadata_is_read_by_an_allow_list(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    checkpoint = tmp_path / "checkpoint"
+    dcp.save({"w": torch.zeros(3)}, checkpoint_id=str(checkpoint / "dcp"), no_dist=True)
+    assert unsafe(checkpoint) is None
+    (checkpoint / "dcp" / ".metadata").write_bytes(pickle.dumps({"m": Planted(tmp_path / "ran")}))
+    assert unsafe(checkpoint) == "dcp/.metadata names posix.system, which a checkpoint never needs: not loaded"
+    assert not (tmp_path / "ran").exists()
+
+
+def test_deepspeed_states_are_loaded_weights_only(tmp_path):
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    states = tmp_path / "checkpoint" / "deepspeed" / "latest"
+    states.mkdir(parents=True)
+    torch.save({"zero_stage": ZeroStageEnum.weights, "w": torch.ones(2)}, states / "zero_pp_rank_0_model_states.pt")
+    assert unsafe(tmp_path / "checkpoint") is None
+    torch.save({"x": Planted(tmp_path / "ran")}, states / "zero_pp_rank_0_model_states.pt")
+    assert "names posix.system, which a checkpoint never needs" in unsafe(tmp_path / "checkpoint")
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.slow
+def test_a_planted_metadata_pickle_does_not_run_on_resume(tmp_path):
+    """fsdp2, one process: checkpoints at steps 2 and 4; the latest .metadata replaced by a pickle that would
+    create a file, its manifest refreshed (a CRC is no protection); the resume falls back to step 2."""
+    common = ["parallel=fsdp2", "logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
+    first = run_cli([*common, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path / 'a'}"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    latest = tmp_path / "a" / "checkpoint"
+    (latest / "dcp" / ".metadata").write_bytes(pickle.dumps({"m": Planted(tmp_path / "ran")}))
+    meta = manifest.read(latest)
+    manifest.write(latest, meta["step"], meta["world_size"])
+    resumed = run_cli([*common, "train.steps=6", f"train.resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}"])
+    assert not (tmp_path / "ran").exists()
+    assert "Traceback" not in resumed.stderr
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["resumed_from_step"] == 2
+    assert "names posix.system, which a checkpoint never needs" in resumed.stderr
