@@ -63,3 +63,21 @@ def test_a_planted_metadata_pickle_does_not_run_on_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["resumed_from_step"] == 2
     assert "names posix.system, which a checkpoint never needs" in resumed.stderr
+
+
+def test_rotation_checks_checksums_so_a_corrupt_latest_never_becomes_prev(tmp_path):
+    """Same size, other bytes: sizes would pass it; its CRC does not, so it is set aside, never the prev."""
+    from ablate.train import checkpoint
+
+    class OneFile:   # the strategy's part of a checkpoint: one file of state
+        def save_checkpoint(self, directory):
+            (directory / "model_optimizer.pt").write_bytes(b"state" * 20)
+
+    target = tmp_path / "checkpoint"
+    checkpoint.save(target, OneFile(), 2, {"world_size": 1}, is_main=True)
+    checkpoint.save(target, OneFile(), 4, {"world_size": 1}, is_main=True)
+    assert (tmp_path / "checkpoint.prev").is_dir()
+    (target / "model_optimizer.pt").write_bytes(b"STATE" * 20)           # corrupted in place, same size
+    checkpoint.save(target, OneFile(), 6, {"world_size": 1}, is_main=True)
+    assert (tmp_path / "checkpoint.broken").is_dir()
+    assert checkpoint.read_meta(tmp_path / "checkpoint.prev")["step"] == 2   # the intact one stays the prev

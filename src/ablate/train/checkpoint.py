@@ -75,7 +75,8 @@ def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
                          f"({units.fmt('free_bytes', free)} free); the partial one was removed and {kept}") from None
     if is_main:
         if target.exists():
-            keep = prev if manifest.problem(target, checksums=False) is None else target.with_name(BROKEN)
+            # checksums, not sizes: a same-size corruption of the latest must never become the prev
+            keep = prev if manifest.problem(target, checksums=True) is None else target.with_name(BROKEN)
             shutil.rmtree(keep, ignore_errors=True)
             os.replace(target, keep)
         os.replace(tmp, target)
