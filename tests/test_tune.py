@@ -41,6 +41,7 @@ def test_a_multirun_job_returns_its_objective(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"tokens_per_s": 1234.5, "step_time_s": 0.2}))
     cfg = OmegaConf.create({"metrics": {"objective": "step_time_s"}})
     assert job_result(0, tmp_path, cfg)[1] == 0.2
+    assert job_result(0, tmp_path / "prepared", cfg)[1] is None   # a Slurm array point: no figures yet
     status, error = job_result(2, tmp_path / "missing", cfg)
     assert status.name == "FAILED" and "exited 2" in str(error)
 

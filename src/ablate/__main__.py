@@ -45,10 +45,15 @@ def hydra_main(cfg: DictConfig):
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.get("group") is None:
         cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
     choices = group_choices(hydra_cfg.runtime.choices)
+    output_dir = Path(hydra_cfg.runtime.output_dir)
+    try:   # Hydra made this job's directory for this call (unless it was there before): claimed as ours
+        guards.lock(output_dir, made_here=output_dir.resolve() not in _EXISTED)
+    except ConfigError as e:
+        sys.exit(exit_code_of(e))
     try:
         checked = compose.validate(cfg, choices)
     except ConfigError as e:
-        forget_run_dir(Path(hydra_cfg.runtime.output_dir))
+        forget_run_dir(output_dir)
         sys.exit(exit_code_of(e))   # Hydra's own handler would print a traceback
     try:
         return start(cfg, checked, choices)
@@ -60,9 +65,9 @@ _EXISTED: set = set()   # run dirs named on the command line that were there bef
 
 
 def forget_run_dir(run_dir: Path) -> None:
-    """A refused command leaves no run dir: remove the one Hydra made for this call (never one that was
-    there before, nor one that holds a run)."""
-    if run_dir.resolve() in _EXISTED or guards.holds_a_run(run_dir):
+    """A refused command leaves no run dir: remove the one this call made (never one that was there before,
+    one that holds a run, or one another call claimed: a second run racing for it touches nothing)."""
+    if run_dir.resolve() in _EXISTED or guards.holds_a_run(run_dir) or not guards.claimed(run_dir):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -303,6 +303,8 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
             from ablate.train import checkpoint  # torch.distributed.checkpoint: only a resume reads one
 
             checkpoint.check_resume(checked, run_record(cfg, checked))
+        if checks and not (rank_env().launched and rank_env().rank != 0):   # rank 0 owns the directory
+            guards.lock(Path(str(cfg.hydra.run.dir)))   # claimed before Hydra writes .hydra/ into it
         cfg.hydra.mode = RunMode.RUN
         callbacks = Callbacks(cfg)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)

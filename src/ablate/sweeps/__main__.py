@@ -15,6 +15,7 @@ from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
 from ablate.sweeps import allocation, available, expand, is_factorial, listing, plan_runs, use_config_dirs
 from ablate.sweeps.runner import claim_dir, run_all, unfinished
+from ablate.train import guards
 
 
 def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], args, search,
@@ -135,6 +136,7 @@ def _main(argv: List[str] = None) -> int:
         return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
     if allocation.allocates(configs) and allocation.inside():
         steps = allocation.Steps(configs)
+    hold(root)
     if args.measure_peak:
         from ablate.metrics.peak import forget_this_host
 
@@ -153,6 +155,16 @@ def _main(argv: List[str] = None) -> int:
         print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
               file=sys.stderr)
     return allocation.finish(root, 1 if failed else code)
+
+
+def hold(root: Path) -> None:
+    """This call runs the sweep in `root`: a second call into it is refused while this one lives (the lock
+    goes with the process), so no run is started twice or reported as another's."""
+    try:
+        guards.lock(root)
+    except ConfigError:
+        raise ConfigError(f"--dir {root}: another ablate.sweeps call is running this sweep; wait for it, or run "
+                          "this command again when it has ended (it continues what is left)") from None
 
 
 def driver_command(args, root: Path, extra: List[str]) -> List[str]:

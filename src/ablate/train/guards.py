@@ -17,7 +17,8 @@ from typing import Optional
 from ablate.config import ConfigError
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
-_LOCKS = {}   # run dir -> open lock file, held until the run ends (release) or the process exits
+_LOCKS = {}   # run dir (resolved) -> open lock file, held until the run ends (release) or the process exits
+_CLAIMED = set()   # run dirs this process claimed: the only ones a refusal of this process may remove
 
 
 def check_run_dir_override(overrides) -> None:
@@ -72,8 +73,13 @@ def check_unlocked(run_dir: Path) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def lock(run_dir: Path) -> None:
-    """One live run per directory: a second one is refused while the first holds the lock."""
+def lock(run_dir: Path, made_here: Optional[bool] = None) -> None:
+    """One live run per directory, claimed before anything is written into it: the lock file is created
+    and locked at once (flock), so of two calls racing for one directory exactly one gets it, and the other
+    touches nothing. Taking it again in the process that holds it is a no-op."""
+    if run_dir.resolve() in _LOCKS:
+        return
+    existed = run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         handle = open(run_dir / LOCK_FILE, "a+")
@@ -83,16 +89,24 @@ def lock(run_dir: Path) -> None:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        handle.close()
         raise _held(run_dir) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
-    _LOCKS[run_dir] = handle
+    _LOCKS[run_dir.resolve()] = handle
+    if (not existed) if made_here is None else made_here:
+        _CLAIMED.add(run_dir.resolve())
+
+
+def claimed(run_dir: Path) -> bool:
+    """This process made this directory when it claimed it (a refusal may remove it; nothing else may)."""
+    return run_dir.resolve() in _CLAIMED
 
 
 def release(run_dir: Path) -> None:
-    handle = _LOCKS.pop(run_dir, None)
+    handle = _LOCKS.pop(run_dir.resolve(), None)
     if handle is not None:
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()

@@ -1,0 +1,49 @@
+"""Safe under concurrency (#33): a run directory is claimed before anything is written into it, so of two
+runs started at once into one directory exactly one trains and the other touches nothing; two identical
+ablate.sweeps calls into one --dir: the second is refused while the first runs."""
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+
+@pytest.mark.slow
+def test_two_runs_into_one_directory_one_trains_the_other_touches_nothing(tmp_path):
+    """Two 2-rank ddp runs started together, seeds 1 and 2 (~20 s)."""
+    run_dir = tmp_path / "shared"
+    common = [sys.executable, "-m", "ablate", "parallel=ddp", "launcher.nproc_per_node=2", "logger=none",
+              "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=64", f"hydra.run.dir={run_dir}"]
+    procs = [subprocess.Popen([*common, f"train.seed={seed}"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2).strip().splitlines()
+    assert len(refused) == 1 and ("another run is writing into it" in refused[0] or "already holds a run" in
+                                  refused[0]), refused
+    seed = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["seed"]
+    assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["train"]["seed"] == seed
+    assert (run_dir / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_second_identical_sweep_call_is_refused_while_the_first_runs(tmp_path):
+    """ablate.sweeps aa_noise twice into one --dir (~30 s): the second exits 2 in one line, the first's runs
+    all finish once."""
+    d = tmp_path / "D"
+    cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--dir", str(d), "--", "logger=none",
+           "train.steps=8", "metrics.gemm_probe_n=64"]
+    first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (d / ".ablate.lock").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and "another ablate.sweeps call is running this sweep" in second.stderr
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    assert "FAILED" not in out + err and "still running" not in out
+    assert len(list(d.rglob("summary.json"))) == 2
