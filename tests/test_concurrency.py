@@ -47,3 +47,32 @@ def test_a_second_identical_sweep_call_is_refused_while_the_first_runs(tmp_path)
     assert first.returncode == 0, err[-2000:]
     assert "FAILED" not in out + err and "still running" not in out
     assert len(list(d.rglob("summary.json"))) == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_sweep_stops_its_run_and_the_same_command_finishes_it(tmp_path):
+    """Ctrl-C reaches the driver's process group (a terminal's): the run it started (in its own session) is
+    told to stop, the driver exits 130 in one line, nothing of the sweep is left, and the same command then
+    finishes the sweep (~60 s)."""
+    import os
+    import signal
+
+    d = tmp_path / "D"
+    cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--repeats", "2", "--dir", str(d), "--",
+           "logger=none", "train.steps=60", "metrics.gemm_probe_n=64"]
+    driver = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    deadline = time.time() + 300
+    while not list(d.glob("aa_noise/*/metrics.jsonl")):
+        assert driver.poll() is None and time.time() < deadline, driver.communicate()
+        time.sleep(0.1)
+    os.killpg(driver.pid, signal.SIGINT)
+    out, err = driver.communicate(timeout=300)
+    assert driver.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ablate.sweeps: stopped by SIGINT")
+    time.sleep(15)
+    left = subprocess.run(["pgrep", "-f", str(d)], capture_output=True, text=True).stdout.split()
+    assert not left, left
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert len(list(d.glob("aa_noise/*/summary.json"))) == 4

@@ -3,6 +3,7 @@ timeout), the same command continuing an earlier call (its plan kept in D/plan.j
 once more beside it, and a sweep's batch search after its run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,11 +14,46 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ablate.config import ConfigError
+from ablate.config import ConfigError, RunStopped
 from ablate.metrics import host
 from ablate.report import outliers
 from ablate.sweeps import _label, load
 from ablate.train import guards
+
+STOP_GRACE_S = 120   # a stopped sweep waits this long for its run to checkpoint and end, then kills it
+
+
+class Interrupted(Exception):
+    """SIGTERM to the sweep's driver (Ctrl-C is KeyboardInterrupt): the run in progress is stopped, then this
+    call ends (exit 128 + the signal); the same command continues later."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM to the driver raises Interrupted where it waits (its default would kill it outright, leaving the
+    run, which has its own session, orphaned)."""
+    def stop(signum, frame):
+        raise Interrupted(signum)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def stop_run(proc: subprocess.Popen, signum: int) -> None:
+    """Pass the stop to the run's whole process group (its ranks, its loader workers): it checkpoints at its
+    next step boundary and ends; past STOP_GRACE_S it is killed. Then this call ends, said in one line."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    raise RunStopped(f"stopped by {signal.Signals(signum).name}: the run in progress was told to stop and ended "
+                     "(it is set aside as unfinished); the same command continues the sweep",
+                     exit_code=128 + signum) from None
 
 
 def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float],
@@ -30,6 +66,10 @@ def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float],
                             start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout)
+    except KeyboardInterrupt:
+        stop_run(proc, signal.SIGINT)
+    except Interrupted as e:
+        stop_run(proc, e.signum)
     except subprocess.TimeoutExpired:
         if grace_s:
             os.killpg(proc.pid, signal.SIGTERM)
