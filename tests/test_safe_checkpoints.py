@@ -81,3 +81,19 @@ def test_rotation_checks_checksums_so_a_corrupt_latest_never_becomes_prev(tmp_pa
     checkpoint.save(target, OneFile(), 6, {"world_size": 1}, is_main=True)
     assert (tmp_path / "checkpoint.broken").is_dir()
     assert checkpoint.read_meta(tmp_path / "checkpoint.prev")["step"] == 2   # the intact one stays the prev
+
+
+@pytest.mark.parametrize("torn", ["meta.pt", "manifest.json"])
+def test_a_truncated_latest_falls_back_to_the_whole_previous_one(tmp_path, torn):
+    """In process (~3 s): a run checkpointing at steps 2 and 4, its latest meta.pt or manifest.json cut in
+    half; the resume is judged on, and continues from, step 2, with no traceback."""
+    from ablate.train import checkpoint
+    from conftest import run_in_process
+
+    common = ["train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
+    run_in_process(tmp_path / "a", [*common, "train.steps=4", "train.checkpoint_every=2"])
+    latest = tmp_path / "a" / "checkpoint" / torn
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
+    assert checkpoint.manifest.problem(tmp_path / "a" / "checkpoint") is not None
+    resumed = run_in_process(tmp_path / "b", [*common, "train.steps=6", f"train.resume={tmp_path / 'a'}"])
+    assert resumed["resumed_from_step"] == 2

@@ -237,12 +237,30 @@ def _global_batch(flat: Dict[str, object], world: int) -> int:
 
 
 def check_resume(cfg, record: Dict) -> None:
-    """What a resume cannot become, refused before anything is written (each rank checks again as it loads)."""
+    """What a resume cannot become, refused before anything is written (each rank checks again as it loads):
+    judged on the newest checkpoint that is whole (a truncated latest falls back to the previous one)."""
     path = resolve(cfg.train.resume)
     if path is not None:
         check_complete(path)
-        meta = read_meta(path)
+        meta = read_meta(newest_whole(path))
         check_resumable(meta.get("config"), record, meta["step"], cfg.launcher.world_size, meta.get("world_size"))
+
+
+def newest_whole(path: Path) -> Path:
+    """The newest of `path` and its previous checkpoint whose files are whole (sizes) and whose meta.pt reads:
+    what a resume is judged on (the ranks then check checksums and load, falling back alike)."""
+    return next((c for c in _candidates(path) if (c / "meta.pt").is_file()
+                 and manifest.problem(c, checksums=False) is None and _readable_meta(c)), path)
+
+
+def _readable_meta(path: Path) -> bool:
+    try:
+        read_meta(path)
+        return True
+    except ConfigError:
+        raise
+    except Exception:
+        return False
 
 
 def read_metrics(path: Path) -> List[Dict]:

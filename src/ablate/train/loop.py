@@ -174,7 +174,7 @@ def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> D
     path = resume_point(cfg, run_dir)
     if path is None:
         return {"step": 0, "wandb_id": None, "totals": None, "changed": {}}
-    meta = checkpoint.read_meta(path)
+    meta = checkpoint.read_meta(checkpoint.newest_whole(path))
     changed = checkpoint.check_resumable(meta.get("config"), resolved, meta["step"], env.world_size,
                                          meta.get("world_size"))
     meta = checkpoint.load(path, strategy, env)

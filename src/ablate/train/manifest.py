@@ -38,8 +38,14 @@ def write(directory: Path, step: int, world_size: int) -> None:
 
 
 def read(directory: Path) -> Optional[Dict]:
+    """The listing; None when there is none; {"unreadable": reason} when it is torn (a kill or full disk)."""
     path = directory / NAME
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return {"unreadable": type(e).__name__}
 
 
 def problem(directory: Path, share: int = 0, shares: int = 1, checksums: bool = True) -> Optional[str]:
@@ -48,6 +54,8 @@ def problem(directory: Path, share: int = 0, shares: int = 1, checksums: bool = 
     listing = read(directory)
     if listing is None:
         return None if (directory / "meta.pt").is_file() else f"{directory.name} is incomplete (no {NAME})"
+    if "unreadable" in listing:
+        return f"{directory.name}/{NAME} cannot be read ({listing['unreadable']}: torn by a kill or a full disk?)"
     for name, want in sorted(listing["files"].items())[share::shares]:
         path = directory / name
         if not path.is_file():
