@@ -159,3 +159,12 @@ def test_a_factorial_opens_with_its_conclusion_holm_corrected(tmp_path):
     assert "Interactions distinguishable from noise: `precision:parallel` x1.24" in said   # planted 1.2
     p = {e.term: e.p_holm for e in factorial.effects if e.metric == "tokens_per_s"}
     assert p["precision:parallel"] < 0.05 and p["parallel:dataloader"] > 0.05   # planted 1.2 vs none
+
+
+def test_holm_by_hand_and_as_statsmodels_has_it():
+    from statsmodels.stats.multitest import multipletests
+
+    p = [0.01, 0.04, 0.03, 0.20]
+    # sorted 0.01, 0.03, 0.04, 0.20 times 4, 3, 2, 1 = 0.04, 0.09, 0.08 -> 0.09 (monotone), 0.20
+    assert effects.holm(p) == pytest.approx([0.04, 0.09, 0.09, 0.20])
+    assert effects.holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
