@@ -10,6 +10,7 @@ BUSY_FRAC is marked busy by the report. Linux only; elsewhere the figures are ab
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -19,6 +20,17 @@ import psutil
 # machine's run-to-run noise (identical runs differ up to 15x under full load)
 BUSY_FRAC = 0.25
 NOT_LINUX = "no /proc/stat on this system: the host's CPU time cannot be read"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), what a peak FLOP/s and a run's provenance are keyed by."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def host_cpu_jiffies() -> Optional[Tuple[int, int]]:

@@ -23,6 +23,7 @@ import torch
 
 from ablate import user_cache_dir
 from ablate.metrics import flops as F
+from ablate.metrics.host import cpu_model
 from ablate.precision import numerics
 
 
@@ -36,16 +37,6 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown cpu"
 
 
 def peak_key(device_name: str, dtype: torch.dtype, n: int) -> str:

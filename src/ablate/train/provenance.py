@@ -12,6 +12,8 @@ from typing import Dict, Optional
 
 import torch
 
+from ablate.metrics.host import cpu_model
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -21,16 +23,6 @@ def _git(*args: str) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_facts(device: torch.device) -> Dict[str, object]:
