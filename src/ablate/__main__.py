@@ -46,8 +46,9 @@ def hydra_main(cfg: DictConfig):
         cfg.logger.group = f"multirun-{Path(hydra_cfg.sweep.dir).name}"   # ad-hoc sweeps get a W&B group too
     choices = group_choices(hydra_cfg.runtime.choices)
     output_dir = Path(hydra_cfg.runtime.output_dir)
-    try:   # Hydra made this job's directory for this call (unless it was there before): claimed as ours
-        guards.lock(output_dir, made_here=output_dir.resolve() not in _EXISTED)
+    try:   # Hydra made this job's directory for this call (unless it was there before): claimed as ours, by
+        if not rank_env().launched or rank_env().rank == 0:   # rank 0 alone (a Slurm job's tasks share it)
+            guards.lock(output_dir, made_here=output_dir.resolve() not in _EXISTED)
     except ConfigError as e:
         sys.exit(exit_code_of(e))
     try:
