@@ -49,24 +49,32 @@ def test_a_second_identical_sweep_call_is_refused_while_the_first_runs(tmp_path)
     assert len(list(d.rglob("summary.json"))) == 2
 
 
+def ctrl_c_once_training(cmd, d, logged: str) -> subprocess.Popen:
+    """`cmd` started as a terminal would (its own process group), then Ctrl-C to that group (SIGINT to every
+    process in it) once a run under `d` has logged a step."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while not list(d.glob(logged)):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc
+
+
 @pytest.mark.slow
 def test_ctrl_c_to_a_sweep_stops_its_run_and_the_same_command_finishes_it(tmp_path):
     """Ctrl-C reaches the driver's process group (a terminal's): the run it started (in its own session) is
     told to stop, the driver exits 130 in one line, nothing of the sweep is left, and the same command then
     finishes the sweep (~60 s)."""
-    import os
-    import signal
 
     d = tmp_path / "D"
     cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--repeats", "2", "--dir", str(d), "--",
            "logger=none", "train.steps=60", "metrics.gemm_probe_n=64"]
-    driver = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    deadline = time.time() + 300
-    while not list(d.glob("aa_noise/*/metrics.jsonl")):
-        assert driver.poll() is None and time.time() < deadline, driver.communicate()
-        time.sleep(0.1)
-    os.killpg(driver.pid, signal.SIGINT)
+    driver = ctrl_c_once_training(cmd, d, "aa_noise/*/metrics.jsonl")
     out, err = driver.communicate(timeout=300)
     assert driver.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ablate.sweeps: stopped by SIGINT")
@@ -76,3 +84,23 @@ def test_ctrl_c_to_a_sweep_stops_its_run_and_the_same_command_finishes_it(tmp_pa
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert len(list(d.glob("aa_noise/*/summary.json"))) == 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_multirun_reaches_its_job_which_checkpoints(tmp_path):
+    """Ctrl-C to a `-m` call's process group: the job in progress (in its own group) is told to stop by the
+    parent, checkpoints, and the parent exits 130 in one line naming how the job continues; nothing is left
+    running (one 1-rank job stopped early, ~20 s)."""
+
+    d = tmp_path / "grid"
+    parent = ctrl_c_once_training([sys.executable, "-m", "ablate", "-m", "train.seed=0,1", "train.steps=2000",
+                                   "train.log_every=5", "logger=none", "metrics.gemm_probe_n=64",
+                                   f"hydra.sweep.dir={d}"], d, "0_*/metrics.jsonl")
+    _, err = parent.communicate(timeout=200)
+    last = err.strip().splitlines()[-1]
+    assert parent.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert last.startswith("ablate: stopped by SIGINT") and "continues with train.resume=" in last
+    (job,) = d.glob("0_*")
+    assert (job / "checkpoint" / "meta.pt").is_file() and not list(d.glob("1_*"))
+    left = subprocess.run(["pgrep", "-f", str(d)], capture_output=True, text=True).stdout.split()
+    assert not left, left

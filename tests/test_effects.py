@@ -114,27 +114,6 @@ def test_the_number_of_ranks_is_a_knob_not_the_hardware(tmp_path):
     assert speed_check.verdict != "not measurable here" and speed_check.measured == pytest.approx(1.8)
 
 
-@pytest.mark.slow
-def test_a_real_two_by_two_grid_on_this_cpu_end_to_end(tmp_path):
-    """`python -m ablate -m precision=fp32,bf16 dataloader=naive,pinned train.seed=0,1`, then the report:
-    effects.csv with both main effects and their interaction, each with an interval."""
-    from conftest import run_cli, run_module
-
-    grid = tmp_path / "grid"
-    result = run_cli(["-m", "precision=fp32,bf16", "dataloader=naive,pinned", "train.seed=0,1", "logger=none",
-                      "train.steps=8", "train.warmup_steps=2", "metrics.gemm_probe_n=128",
-                      f"hydra.sweep.dir={grid}"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    shown = run_module("ablate.report", [str(grid)])
-    assert shown.returncode == 0, shown.stderr[-3000:]
-    assert "grid: effects on tokens/s" in shown.stdout
-    rows = {(r["metric"], r["term"]): r for r in csv.DictReader((grid / "effects.csv").open())}
-    for term in ("dataloader", "precision", "dataloader:precision"):
-        row = rows[("tokens_per_s", term)]
-        assert row["n"] == "8" and float(row["ci_low"]) <= float(row["estimate"]) <= float(row["ci_high"])
-    assert (grid / "grid.effects.png").exists()
-
-
 def test_one_run_per_cell_gives_point_effects_exact_counts_and_every_cell(tmp_path):
     """A -m grid at n = 1 (the README's 2x2): every effect as a point estimate, a count's effect exact, and a
     table of every cell's figures; intervals come with repeats."""
@@ -168,3 +147,19 @@ def test_holm_by_hand_and_as_statsmodels_has_it():
     # sorted 0.01, 0.03, 0.04, 0.20 times 4, 3, 2, 1 = 0.04, 0.09, 0.08 -> 0.09 (monotone), 0.20
     assert effects.holm(p) == pytest.approx([0.04, 0.09, 0.09, 0.20])
     assert effects.holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
+
+
+def test_one_registry_of_figures_feeds_every_view():   # in process, ~0 s
+    """A figure is declared once (units.FIGURES); the console, arm table, effects, cells and the gate read it:
+    the same unit, scale and exactness everywhere (mfu_common_peak's effects are ratios, like its plots')."""
+    from ablate import baseline, console, units
+    from ablate.report import effects, output
+
+    assert console.SUMMARY_ROWS == units.in_view("console") and output.ARM_COLUMNS == units.in_view("arm")
+    assert effects.RESPONSES == units.in_view("effect") and effects.CELL_FIGURES == units.in_view("cell")
+    assert set(baseline.TIMED) | set(baseline.EXACT) == set(units.in_view("gate"))
+    assert baseline.TIMED["step_time_s"] == "lower" and "comm_calls_per_step" in baseline.EXACT
+    assert units.on_log_scale("mfu_common_peak") and not units.on_log_scale("data_wait_frac")
+    assert units.on_log_scale("tokens_per_s") and not units.on_log_scale("time/data_wait_frac")   # undeclared
+    assert units.fmt("comm_calls_per_step", 9) == "9 calls/step" and units.fmt("mfu_common_peak", 0.25) == "25.0%"
+    assert units.fmt("per_rank_bytes", 2e9) == "2.0 GB"                 # undeclared: by its name's kind

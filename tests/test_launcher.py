@@ -23,13 +23,14 @@ def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path):
 
 
 def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path):
-    result = run_cli(["-m", "launcher=slurm", "launcher.dry_run=true", "parallel=ddp", "train.seed=0,1,2",
-                      "launcher.array_parallelism=2", f"hydra.sweep.dir={tmp_path}"], env={"PATH": "/nonexistent"})
+    """Each point is prepared by its own `python -m ablate` (no training): two points, ~15 s."""
+    result = run_cli(["-m", "launcher=slurm", "launcher.dry_run=true", "parallel=ddp", "train.seed=0,1",
+                      "launcher.array_parallelism=1", f"hydra.sweep.dir={tmp_path}"], env={"PATH": "/nonexistent"})
     assert result.returncode == 0, result.stderr[-2000:]
     script = (tmp_path / "sbatch_array.sh").read_text()
-    assert "#SBATCH --array=0-2%2" in script and "#SBATCH --nodes=8" in script
+    assert "#SBATCH --array=0-1%1" in script and "#SBATCH --nodes=8" in script
     assert "%A_%a" in script                                  # each task its own log folder
-    assert len(list(tmp_path.glob("*/config.yaml"))) == 3     # and its own run dir
+    assert len(list(tmp_path.glob("*/config.yaml"))) == 2     # and its own run dir
     assert not (tmp_path / "slurm").exists()                  # nothing submitted
 
 

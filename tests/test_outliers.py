@@ -213,3 +213,16 @@ def test_the_report_names_each_arms_straggler(tmp_path):
     report.main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
     assert "| straggler |" in md and "rank 1 (node2) up to x2.00 in 2/3 runs" in md
+
+
+def test_a_damaged_noise_floor_cache_is_named_and_set_aside(tmp_path, monkeypatch, capsys):   # in process, ~1 s
+    from ablate.report import noise
+
+    monkeypatch.setenv("ABLATE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "noise_floor.json").write_text('{"host|tiny": {"half_wid')   # torn by a kill
+    assert noise.cached() == {}
+    said = capsys.readouterr().err
+    assert "the noise-floor cache" in said and "cannot be read (JSONDecodeError" in said and ".damaged" in said
+    assert (tmp_path / "cache" / "noise_floor.json.damaged").read_text().startswith('{"host|tiny"')
+    assert not (tmp_path / "cache" / "noise_floor.json").exists()

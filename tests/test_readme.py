@@ -112,3 +112,26 @@ def test_every_documented_command_runs_as_typed(source, line, expected, user):
         summary = json.loads((run_dirs(done.stderr)[0] / "summary.json").read_text())
         assert summary["numerics"]["compute_dtype"] == "bfloat16" and summary["per_rank"][0]["rank"] == 0
         assert str(user[0]) in summary["run_dir"]          # written under the user's directory
+
+
+def test_the_documented_grid_reported_gives_every_exact_figure_and_each_cell(user):
+    """The README's 2x2 grid, typed above in this user directory (a real -m grid: 4 jobs of 2 ranks), then
+    `ablate.report` on it, in process (~2 s): the exact comm effect of `parallel` in effects.csv, a point
+    estimate for speed at one run per cell, every cell's figures and the effects plot. (The one real -m grid
+    that is reported end to end; intervals from repeats are checked on planted runs, test_effects.py.)"""
+    import csv
+
+    from ablate import report
+
+    grids = {p.parent.parent for p in user[0].glob("multirun/*/*/*/summary.json")
+             if json.loads(p.read_text())["choices"].get("parallel") == "zero3"}
+    assert len(grids) == 1, f"the README's grid was not found under {user[0]}/multirun: {grids}"
+    (grid,) = grids
+    assert report.main([str(grid)]) == 0
+    rows = {(r["metric"], r["term"]): r for r in csv.DictReader((grid / "effects.csv").open())}
+    comm = rows[("comm_bytes_per_step", "parallel")]
+    assert comm["exact"] == "True" and float(comm["estimate"]) > 1       # zero3 moves more bytes than ddp
+    assert rows[("tokens_per_s", "precision")]["ci_low"] == ""            # n = 1 a cell: no interval
+    md = (grid / "report.md").read_text()
+    assert "Each cell (the central value of its runs):" in md and md.count("| 1 | ") == 4
+    assert list(grid.glob("*.effects.png"))

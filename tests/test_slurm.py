@@ -9,7 +9,7 @@ import time
 import pytest
 
 import slurm_cluster
-from conftest import REPO, read_jsonl, run_cli
+from conftest import REPO, read_jsonl, run_cli, run_module
 from planted import planted
 from slurm_cluster import job_id, submit_and_wait_for_metrics, wait_releasing_requeue_holds
 
@@ -51,6 +51,26 @@ def test_a_two_point_sweep_runs_through_slurm(tmp_path):
     assert len(summaries) == 2
     losses = {json.loads(p.read_text())["loss"] for p in summaries}
     assert len(losses) == 2     # two seeds, two runs
+
+
+def test_a_tune_on_slurm_is_one_allocation_whose_trials_are_job_steps(tmp_path):
+    """#35: `python -m ablate.tune ... -- launcher=slurm ...`: one job (D/tune.sbatch), its driver the same
+    command, each trial a job step of it; the lines stream here; the same command then submits nothing and
+    writes the outputs again from D/optuna.db (~35 s on a quiet host)."""
+    d = tmp_path / "D"
+    args = ["--space", "dataloader=naive,pinned", "--trials", "2", "--dir", str(d), "--",
+            *LOCAL_JOB, "train.steps=6", "train.warmup_steps=2", "train.log_every=2"]
+    result = run_module("ablate.tune", args, timeout=400)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.count("submitted Slurm job") == 1 and (d / "tune.sbatch").is_file()
+    assert "trial 0:" in result.stdout and "trial 1:" in result.stdout      # the driver's lines, streamed here
+    summaries = [json.loads(p.read_text()) for p in sorted(d.glob("trials/*/summary.json"))]
+    assert len(summaries) == 2 and all(s["world_size"] == 2 for s in summaries)
+    assert len({s["slurm"]["job_id"] for s in summaries}) == 1 and len({s["slurm"]["step_id"] for s in summaries}) == 2
+    assert (d / "best.yaml").is_file() and (d / "tune.csv").read_text().count("complete") == 2
+    again = run_module("ablate.tune", args, timeout=120)
+    assert again.returncode == 0 and "submitted" not in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "2 trial(s) already done" in again.stdout
 
 
 def test_a_failing_job_shows_its_error_here(tmp_path):

@@ -33,6 +33,43 @@ def test_what_cannot_fit_is_pruned_before_it_runs():
     assert reason.startswith("needs at least ") and "over the 1.0 GB budget" in reason
 
 
+def test_a_slurm_tune_needs_one_allocation_for_its_largest_trial_and_its_driver_asks_the_same(tmp_path):
+    """In process (~1 s): whether the tune allocates (a launcher with job steps in the base or the space), the
+    allocation's size (its largest trial), and the driver's command line parsed back to the same call."""
+    from ablate.sweeps import allocation
+    from ablate.tune.__main__ import parser
+    from ablate.tune.slurm import driver_command, trial_configs
+
+    slurm = ["launcher=slurm", "launcher.gpus_per_node=0", "parallel=ddp", "logger=none"]
+    configs = trial_configs({"launcher.nodes": ["1", "2"], "dataloader": ["naive", "pinned"]}, slurm)
+    assert len(configs) == 4 and allocation.allocates(configs)
+    assert allocation.largest(configs).launcher.nodes == 2
+    assert not allocation.allocates(trial_configs({"dataloader": ["naive", "pinned"]}, ["logger=none"]))
+    args = parser().parse_args(["--space", "dataloader=naive,pinned", "--trials", "3", "--confirm", "2",
+                                "--mem-budget-gb", "4", "--dir", str(tmp_path / "D")])
+    driver = driver_command(args, slurm)
+    assert driver[:3] == ["-u", "-m", "ablate.tune"] and driver[driver.index("--") + 1:] == slurm
+    again = parser().parse_args(driver[3:driver.index("--")])
+    assert vars(again) == {**vars(args), "dir": (tmp_path / "D").resolve()}
+
+
+def test_a_small_space_is_asked_point_by_point_to_its_end():
+    """In process (~0.3 s): the whole grid when it has no more points than --trials, each point once, and
+    telling the last one does not raise (optuna's grid stops study.optimize there, which a tune never runs)."""
+    import optuna
+
+    from ablate.tune.__main__ import sampler
+
+    space = {"dataloader": ["naive", "pinned"], "train.batch_size": ["4", "8"]}
+    study = optuna.create_study(direction="maximize", sampler=sampler(space, trials=4, seed=0))
+    asked = []
+    for value in range(4):
+        t = study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()})
+        asked.append(tuple(t.params[k] for k in space))
+        study.tell(t, float(value))
+    assert sorted(asked) == [("naive", "4"), ("naive", "8"), ("pinned", "4"), ("pinned", "8")]
+
+
 def test_a_multirun_job_returns_its_objective(tmp_path):
     from omegaconf import OmegaConf
 
@@ -67,3 +104,25 @@ def test_a_tune_prunes_runs_continues_and_confirms(tmp_path):
     assert "**Confirmed** (3 more runs each): " in report   # the verdict itself is this host's noise
     assert (d / "tune.png").exists() and (d / "optuna.db").exists()
     assert len(list(Path(d, "confirm").glob("*/summary.json"))) == 6
+
+
+def test_trials_logged_to_wandb_get_a_parallel_coordinates_workspace(tmp_path):   # in process, ~1 s
+    from ablate.tune import Trial
+    from ablate.tune.__main__ import write_workspace
+
+    trials = []
+    for n, batch in enumerate((2, 4)):
+        run_dir = tmp_path / "trials" / f"{n:03d}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"tokens_per_s": 1000.0 * (n + 1),
+                                                          "wandb": {"group": "tune-D", "mode": "offline"}}))
+        (run_dir / "config.yaml").write_text("logger:\n  project: mine\n  entity: team\n")
+        trials.append(Trial(n, [f"train.batch_size={batch}", "precision=bf16"], "complete", 1000.0 * (n + 1),
+                            1e8, "", str(run_dir), 1.0))
+    assert write_workspace(tmp_path, trials[:0], ["train.batch_size"], "tokens_per_s") is None   # none logged
+    path = write_workspace(tmp_path, trials, ["train.batch_size", "precision"], "tokens_per_s")
+    text = path.read_text()
+    assert path.name == "wandb_workspace.json" and '"value": "tune-D"' in text and '"project": "mine"' in text
+    for column in ("config:train.value.batch_size", "config:precision.value.name", "summary:tokens_per_s",
+                   "summary:mem_peak_bytes"):          # the parallel-coordinates panel's axes
+        assert f'"accessor": "{column}"' in text, column

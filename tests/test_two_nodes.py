@@ -106,62 +106,55 @@ def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path):
         ("node1", 0, 0), ("node1", 0, 1), ("node2", 1, 0), ("node2", 1, 1)]
 
 
-def test_a_sweep_on_slurm_is_one_allocation_whose_runs_are_job_steps_and_a_second_call_reruns_nothing(tmp_path):
-    """#24: `python -m ablate.sweeps c3_no_sync --repeats 2 --dir D -- launcher=slurm launcher.nodes=2 ...`: one
-    job; its 4 runs are 4 job steps of it, each on both nodes; the report is written. Ctrl-C while it waits
-    stops the waiting, not the sweep; the same call then follows that job (no second one) to its report;
-    once every run finished, the same call submits nothing and runs nothing."""
+def test_a_sweep_on_slurm_is_one_allocation_that_survives_its_time_limit_warning_and_runs_nothing_twice(tmp_path):
+    """#24, one allocation for both stories (~5 min; they were two tests of 6 and 7): `python -m ablate.sweeps
+    c3_no_sync --repeats 2 --dir D -- launcher=slurm launcher.nodes=2 ...` is one job whose 4 runs are job
+    steps, each on both nodes. USR2 to its batch shell (what `--signal=B:USR2@T` sends before the limit): the
+    driver passes it to the running step (its ranks checkpoint and stop) and requeues the job. Ctrl-C while the
+    command waits stops the waiting, not the sweep; the same call then follows that job (no second one) to its
+    report, the stopped run set aside and run again; once every run finished, the same call runs nothing."""
     sweep, said = tmp_path / "D", tmp_path / "first.txt"
-    args = ["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15"]
+    args = ["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15",
+            "train.steps=40", "train.log_every=5", "dataloader.read_latency_ms=10"]
     with open(said, "w") as out:
         first = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True, text=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True, text=True,
+                                 env={**os.environ, "WANDB_MODE": "offline"})
     deadline = time.monotonic() + 240
-    while "[1/4] c3_no_sync" not in said.read_text():   # the driver's progress, streamed here from the job
+    while not [p for p in sweep.glob("c3_no_sync/*/metrics.jsonl") if read_jsonl(p)]:   # a run is mid-way
         assert time.monotonic() < deadline and first.poll() is None, said.read_text()[-3000:]
-        time.sleep(0.3)
-    os.killpg(first.pid, signal.SIGINT)                  # Ctrl-C in the terminal
-    assert first.wait(timeout=30) == 130 and "stopped waiting; the sweep goes on in Slurm job" in said.read_text()
-    result = run_module("ablate.sweeps", args, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "already runs this sweep: following it" in result.stdout and "submitted" not in result.stdout
-    assert "[4/4] c3_no_sync" in result.stdout and (sweep / "report.csv").exists(), result.stdout[-3000:]
-    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/*/summary.json"))]
-    assert len(summaries) == 4
-    assert len({s["slurm"]["job_id"] for s in summaries}) == 1
-    assert len({s["slurm"]["step_id"] for s in summaries}) == 4
-    assert all(s["hosts"] == ["node1", "node2"] and s["slurm"]["nodelist"] == "node[1-2]" for s in summaries)
-    again = run_module("ablate.sweeps", args, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "submitted" not in again.stdout and again.stdout.count("finished in an earlier call: kept") == 4
-
-
-def test_the_time_limit_warning_requeues_the_sweeps_allocation_and_its_next_attempt_finishes_the_sweep(tmp_path):
-    """USR2 to the batch shell (what `--signal=B:USR2@T` sends before the limit): the driver passes it to the
-    running step (its ranks checkpoint and stop) and requeues the job; the next attempt sets that run aside
-    and runs it again, and the waiting command ends with the report."""
-    sweep = tmp_path / "D"
-    args = ["c3_no_sync", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15", "train.steps=40",
-            "train.log_every=5", "dataloader.read_latency_ms=10"]
-    waiting = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "WANDB_MODE": "offline"})
-    deadline = time.monotonic() + 240
-    while not [p for p in sweep.glob("c3_no_sync/*/metrics.jsonl") if read_jsonl(p)]:
-        assert time.monotonic() < deadline and waiting.poll() is None, waiting.communicate()
         time.sleep(0.3)
     job = next((sweep / "slurm").glob("*.out")).stem
     subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
-    while waiting.poll() is None:   # Slurm holds a requeued job ~2 min (BeginTime): release it at once
-        assert time.monotonic() < deadline + 300, "the sweep did not end"
+    while "the time-limit warning came" not in said.read_text():   # the driver's line, streamed here
+        assert time.monotonic() < deadline + 120 and first.poll() is None, said.read_text()[-3000:]
+        time.sleep(0.3)
+    os.killpg(first.pid, signal.SIGINT)                  # Ctrl-C in the terminal
+    assert first.wait(timeout=30) == 130 and "stopped waiting; the sweep goes on in Slurm job" in said.read_text()
+    with open(tmp_path / "second.txt", "w") as second:
+        again = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, text=True, stdout=second,
+                                 stderr=subprocess.STDOUT, env={**os.environ, "WANDB_MODE": "offline"})
+    _release_requeue_holds(job, again, deadline + 720)
+    out = (tmp_path / "second.txt").read_text()
+    assert again.returncode == 0, out[-3000:]
+    assert "already runs this sweep: following it" in out and "submitted" not in out
+    assert "[4/4] c3_no_sync" in out and (sweep / "report.csv").exists(), out[-3000:]
+    stopped = list(sweep.glob("c3_no_sync/*.incomplete-1"))
+    assert len(stopped) == 1 and (stopped[0] / "checkpoint").is_dir()    # it checkpointed on the warning
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("c3_no_sync/*/summary.json"))]
+    assert len(summaries) == 4 and {s["slurm"]["job_id"] for s in summaries} == {job}
+    assert len({s["slurm"]["step_id"] for s in summaries}) == 4   # each run a job step (of the second attempt)
+    assert all(s["hosts"] == ["node1", "node2"] and s["slurm"]["nodelist"] == "node[1-2]" for s in summaries)
+    third = run_module("ablate.sweeps", args, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "submitted" not in third.stdout and third.stdout.count("finished in an earlier call: kept") == 4
+
+
+def _release_requeue_holds(job: str, waiting, deadline: float) -> None:
+    """Slurm holds a requeued job ~2 min (BeginTime): released at once while `waiting` follows it."""
+    while waiting.poll() is None:
+        assert time.monotonic() < deadline, "the sweep did not end"
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
         if state == "PENDING":
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         time.sleep(1)
-    out, err = waiting.communicate()
-    assert waiting.returncode == 0, out[-2000:] + err[-3000:]
-    assert "the time-limit warning came" in out and (sweep / "report.csv").exists()
-    stopped = list(sweep.glob("c3_no_sync/*.incomplete-1"))
-    assert len(stopped) == 1 and (stopped[0] / "checkpoint").is_dir()    # it checkpointed on the warning
-    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("c3_no_sync/*/summary.json"))]
-    assert len(summaries) == 2 and {s["slurm"]["job_id"] for s in summaries} == {job}

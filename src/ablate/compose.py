@@ -300,9 +300,9 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
         if checks:
             check_hardware(checked)
         if checked.train.resume:   # what the checkpoint cannot become, refused before Hydra writes .hydra/
-            from ablate.train import checkpoint  # torch.distributed.checkpoint: only a resume reads one
+            from ablate.train import resumable  # torch.distributed.checkpoint: only a resume reads one
 
-            checkpoint.check_resume(checked, run_record(cfg, checked))
+            resumable.check_resume(checked, run_record(cfg, checked))
         if checks and not (rank_env().launched and rank_env().rank != 0):   # rank 0 owns the directory
             guards.lock(Path(str(cfg.hydra.run.dir)))   # claimed before Hydra writes .hydra/ into it
         cfg.hydra.mode = RunMode.RUN

@@ -114,9 +114,7 @@ class StepProgress:
             self.bar.stop()
 
 
-SUMMARY_ROWS = ("loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "hfu", "peak_flops_source",
-                "data_wait_frac", "mem_peak_bytes", "mem_reserved_bytes", "fragmentation", "gpu_util",
-                "comm_bytes_per_step", "comm_calls_per_step", "nonfinite_steps", "scaler_skipped_steps")
+SUMMARY_ROWS = units.in_view("console")   # the registry of figures (units.py) says which, and how each reads
 
 
 def straggler_line(s: Dict[str, object]) -> str:

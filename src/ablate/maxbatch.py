@@ -16,7 +16,6 @@ and to W&B like any run (`logger=`).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -28,10 +27,10 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 from ablate import units
 from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
+from ablate.launcher import group
 
 SET_PER_TRIAL = ("train.batch_size", "train.global_batch_size", "train.steps", "train.warmup_steps",
                  "train.checkpoint_every", "metrics.gemm_probe", "logger", "hydra.run.dir", "train.resume")
-OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "needs about")   # CUDA OOM; ablate's memory preflight
 CPU_NOTE = ("a CPU budget is the process's peak RSS (runtime + model state + activations), not the CUDA "
             "caching allocator: fragmentation and expandable segments do not apply")
 
@@ -103,7 +102,7 @@ class Trials:
         trial_dir = self.run_dir / "max_batch_trials" / f"batch_{batch:05d}"
         command = self.command(batch, trial_dir)
         started = time.monotonic()
-        done = self._run(command)
+        done = group.run(command, keep_stdout=True)   # a stop (Stopped, below) kills the trial's whole group
         row = {"trial": len(self.log) + 1, "batch_size": batch, "seconds": round(time.monotonic() - started, 2),
                **self._judge(done, trial_dir)}
         self.log.append(row)
@@ -112,23 +111,9 @@ class Trials:
               f"({row['why']}{peak}, {row['seconds']:.1f} s)", flush=True)
         return bool(row["fits"])
 
-    @staticmethod
-    def _run(command: List[str]) -> subprocess.CompletedProcess:
-        """One trial in its own process group, so that a stopped search stops all of it (ranks, workers)."""
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate()
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
     def _judge(self, done: subprocess.CompletedProcess, trial_dir: Path) -> Dict[str, object]:
         if done.returncode != 0:
-            text = done.stderr + done.stdout
-            if done.returncode in (-9, 137) or any(s in text for s in OUT_OF_MEMORY):
+            if group.out_of_memory(done):
                 return {"fits": False, "why": "out of memory" if done.returncode not in (-9, 137) else "killed (OOM)"}
             lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
             raise ConfigError(f"trial in {trial_dir} failed for a reason other than memory: "

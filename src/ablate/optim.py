@@ -16,6 +16,7 @@ from typing import Callable, Dict, Iterable, List
 import torch
 
 from ablate.config import ConfigError, OptimConfig
+from ablate.config.fields import user_object
 
 
 def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> List[Dict]:
@@ -38,13 +39,7 @@ def sgd(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:
 
 
 def target(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:
-    from hydra._internal.utils import _locate  # what instantiate uses; get_object also logs an error line
-
-    try:
-        make = _locate(cfg._target_)
-    except Exception as e:
-        raise ConfigError(f"optim._target_={cfg._target_}: cannot import it ({type(e).__name__})") from None
-    return make(groups, lr=cfg.lr, **cfg.args)
+    return user_object("optim._target_", cfg._target_)(groups, lr=cfg.lr, **cfg.args)
 
 
 REGISTRY: Dict[str, Callable[[List[Dict], OptimConfig], torch.optim.Optimizer]] = {"adamw": adamw, "sgd": sgd}

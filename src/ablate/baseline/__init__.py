@@ -16,14 +16,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ablate import user_cache_dir
+from ablate import units, user_cache_dir
 from ablate.config import ConfigError
 from ablate.report import noise
 from ablate.report import runs as R
 
-# what a check compares: rates and sizes with the direction that is better; counts compared exactly
-TIMED = {"tokens_per_s": "higher", "step_time_s": "lower", "mfu": "higher", "mem_peak_bytes": "lower"}
-EXACT = ("comm_bytes_per_step", "comm_calls_per_step", "flops_per_token")
+# what a check compares (the registry of figures, units.py): rates and sizes with the direction that is better;
+# counts compared exactly
+TIMED = {m: units.FIGURES[m].better for m in units.in_view("gate") if not units.is_exact(m)}
+EXACT = tuple(m for m in units.in_view("gate") if units.is_exact(m))
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 

@@ -50,3 +50,17 @@ def check_ranges(node, group: str) -> None:
             null = f"; or null ({f.metadata['null']})" if f.metadata.get("null") else ""
             finite = "" if math.isfinite(float(value)) else "a finite number "
             raise ConfigError(f"{group}.{f.name}={value}: out of range; allowed: {finite}{rng}{null}")
+
+
+def user_object(key: str, dotted: str):
+    """A `_target_` (model._target_, optim._target_) imported as Hydra's instantiate would, from the user's path
+    (the working directory, PYTHONPATH); one line naming the key and the cause when it cannot be."""
+    # imported here: the readers of run dirs (report/) import config/ without Hydra; get_object would also log
+    from hydra._internal.utils import _locate
+
+    try:
+        return _locate(dotted)
+    except Exception as e:
+        cause = e.__cause__ or e
+        why = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if str(cause) else type(cause).__name__
+        raise ConfigError(f"{key}={dotted}: cannot import it ({why}); is its module on PYTHONPATH?") from None

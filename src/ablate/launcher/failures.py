@@ -67,10 +67,18 @@ def root_cause_first(failures):
 
 
 def noted_root_cause(folder):
-    """(rank, error) from the ranks' own notes (train/loop.py writes <run dir>/.failures/rank{N}.txt the
+    """(rank, error) from the ranks' own notes (train/trainer.py writes <run dir>/.failures/rank{N}.txt the
     moment a rank fails, before its peers lose the connection): the first that is not only a consequence.
     torch elastic may stop a rank before it reports; its note is still there."""
     notes = sorted(Path(folder).glob("rank*.txt"), key=lambda p: p.stat().st_mtime) if Path(folder).is_dir() else []
     texts = [(int(p.stem[4:]), p.read_text().strip()) for p in notes]
     own = [(rank, text.splitlines()[0]) for rank, text in texts if text]
     return next(((rank, text) for rank, text in own if not is_consequence(text)), None)
+
+
+def noted_stop(folder):
+    """(rank, why) of a rank that stopped the run on purpose (a full disk, non-finite training: RunStopped,
+    noted by train/trainer.py as stopped-rank{N}.txt), the lowest rank first; None when none did."""
+    notes = sorted(Path(folder).glob("stopped-rank*.txt"), key=lambda p: int(p.stem[len("stopped-rank"):])) \
+        if Path(folder).is_dir() else []
+    return next(((int(p.stem[len("stopped-rank"):]), p.read_text().strip()) for p in notes), None)

@@ -8,6 +8,7 @@ at once and the failing rank's error is raised (RunFailed) with its root cause. 
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import sys
 import uuid
@@ -23,8 +24,8 @@ from ablate import data
 from ablate.config import AblateConfig, RunFailed, RunStopped
 from ablate.launcher import failures
 from ablate.model.facts import measure
-from ablate.train import loop as train
 from ablate.train import memory_guard, signals
+from ablate.train import trainer as train
 from ablate.train.distributed import check_ranks_fit_gpus, device_type
 from ablate.train.ranks import rank_env
 
@@ -64,7 +65,7 @@ def _quiet_elastic_logs() -> None:
     """torch elastic logs each failed rank's whole traceback and each signal it forwards; ablate says the root
     cause, or where a stopped run can continue, in one line instead (its modules set their own levels)."""
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")] + \
-            ["torch.distributed.elastic"]:
+            ["torch.distributed.elastic", "torch.multiprocessing.spawn"]:   # ("Terminating process ... SIGTERM")
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -85,6 +86,7 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
                           monitor_interval=0.5, start_method="spawn")
     _quiet_elastic_logs()
     _quiet_resource_tracker()
+    shutil.rmtree(run_dir / train.FAILURES_DIR, ignore_errors=True)   # an earlier attempt's notes say nothing now
     try:
         results = elastic_launch(config, _rank_entry)(cfg, run_dir, resolved, choices, applied)
     except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
@@ -95,6 +97,9 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
         codes = {f.exitcode for f in e.failures.values()}
         if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
             raise RunStopped(signals.stopped(max(codes) - 128, run_dir), exit_code=max(codes)) from None
+        stopped = failures.noted_stop(run_dir / train.FAILURES_DIR)
+        if stopped:                  # a rank stopped the run on purpose, and said why in one line
+            raise RunStopped(stopped[1], exit_code=1) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
         noted = failures.noted_root_cause(run_dir / train.FAILURES_DIR)
         if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):

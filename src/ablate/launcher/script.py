@@ -48,6 +48,9 @@ def command(overrides: List[str], run_dir: Path) -> str:
     return "srun --unbuffered python -u -m ablate " + " ".join(shlex.quote(a) for a in args) + " $RESUME"
 
 
+STEP_GRACE_S = 30   # a job step past its timeout: from SIGTERM (srun stops its tasks) to SIGKILL
+
+
 def job_step(lc: LauncherConfig, name: str) -> List[str]:
     """`srun` for one run of a sweep inside the sweep's allocation: its own nodes and one task per rank
     (each task trains where it is: launcher/slurm_launch.py); one failing task ends the step."""
@@ -56,12 +59,13 @@ def job_step(lc: LauncherConfig, name: str) -> List[str]:
             f"--cpus-per-task={lc.cpus_per_task}", *gpus, "--kill-on-bad-exit=1", "--unbuffered"]
 
 
-def sweep_text(cfg: AblateConfig, root: Path, driver: List[str]) -> str:
-    """A sweep's one allocation (sweeps/allocation.py): the nodes of its largest run, the driver as the
-    batch shell itself (exec: the time-limit warning reaches it), requeued on preemption."""
+def sweep_text(cfg: AblateConfig, root: Path, driver: List[str], prog: str = "ablate.sweeps",
+               noun: str = "sweep") -> str:
+    """A sweep's (or a tune's) one allocation (sweeps/allocation.py): the nodes of its largest run, the driver
+    as the batch shell itself (exec: the time-limit warning reaches it), requeued on preemption."""
     root = root.resolve()
-    lines = ["#!/bin/bash", f"# written by ablate.sweeps: one allocation for the sweep in {root}; submit it as it is: "
-             f"sbatch {root}/sweep.sbatch",
+    lines = ["#!/bin/bash", f"# written by {prog}: one allocation for the {noun} in {root}; submit it as it is: "
+             f"sbatch {root}/{noun}.sbatch",
              *directives(cfg, root, warn_batch_shell=True), "set -e", *cfg.launcher.setup,
              "exec " + " ".join(shlex.quote(a) for a in driver)]
     return "\n".join(lines) + "\n"

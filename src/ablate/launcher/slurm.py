@@ -27,7 +27,7 @@ from ablate.launcher import cluster, environment, script
 from ablate.launcher.failures import is_consequence
 from ablate.logger import uses_wandb
 from ablate.train import checkpoint, guards
-from ablate.train import loop as train
+from ablate.train import trainer as train
 
 
 def check(lc: LauncherConfig) -> None:

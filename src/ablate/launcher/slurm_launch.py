@@ -9,7 +9,7 @@ from typing import Dict
 from ablate.config import AblateConfig
 from ablate.launcher import array as slurm_array
 from ablate.launcher import slurm
-from ablate.train import loop as train
+from ablate.train import trainer as train
 from ablate.train.ranks import rank_env
 
 

@@ -65,6 +65,7 @@ class Meter:
         self.nonfinite = torch.zeros((), dtype=torch.int64, device=device)
         self._step_bad = torch.zeros((), dtype=torch.bool, device=device)      # this step had a NaN/inf
         self._consecutive = torch.zeros((), dtype=torch.int64, device=device)  # bad steps in a row
+        self._last_loss_bad = torch.zeros((), dtype=torch.bool, device=device)  # the last step's loss was NaN/inf
         self.grad_norm = torch.zeros((), device=device)
         self.measuring = False
         self.excluded: Dict[str, list] = {"warmup": [], "profiled": []}   # steps the figures leave out
@@ -105,9 +106,14 @@ class Meter:
         self.grad_norm = grad_norm.detach() if grad_norm is not None else None
         bad = self._step_bad if grad_norm is None else self._step_bad | ~torch.isfinite(self.grad_norm)
         self._consecutive = torch.where(bad, self._consecutive + 1, torch.zeros_like(self._consecutive))
+        self._last_loss_bad = self._step_bad   # the step's own loss: fp16's skipped steps keep finite weights
         self._step_bad = torch.zeros_like(self._step_bad)
         if self.measuring:
             self.totals["steps"] += 1
+
+    def last_loss_finite(self) -> bool:
+        """The last step's loss was finite on this rank (a host sync): a checkpoint is good only then."""
+        return not bool(self._last_loss_bad.item())
 
     def consecutive_nonfinite(self) -> int:
         """Steps in a row, up to the last, with a non-finite loss or gradient norm (a host sync)."""

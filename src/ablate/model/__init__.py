@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ablate.config import ConfigError, HFModelConfig, ModelConfig, UserModelConfig
+from ablate.config.fields import user_object
 from ablate.model.contract import Blocks, LanguageModel, ModelContractError, count_params, find_blocks, matmul_params
 from ablate.model.llama import Transformer
 
@@ -39,15 +40,7 @@ def build_hf(cfg: HFModelConfig) -> nn.Module:
 
 def target_of(cfg: UserModelConfig) -> Callable:
     """The user's `_target_`, imported (from the user's path: the working directory, PYTHONPATH)."""
-    from hydra._internal.utils import _locate  # what instantiate uses; get_object also logs an error line
-
-    try:
-        return _locate(cfg.target)
-    except Exception as e:
-        cause = e.__cause__ or e
-        why = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if str(cause) else type(cause).__name__
-        raise ConfigError(f"model._target_={cfg.target}: cannot import it ({why}); is its module on "
-                          "PYTHONPATH?") from None
+    return user_object("model._target_", cfg.target)
 
 
 def build_target(cfg: UserModelConfig) -> nn.Module:

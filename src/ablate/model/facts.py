@@ -22,7 +22,6 @@ class ModelFacts:
     numels: List[int]
     vocab_size: int
     blocks: Dict[str, object]
-    flops: FlopModel
     activation_bytes: float       # one rank, one micro-step, float32 (an upper figure under bf16 autocast)
 
 
@@ -83,11 +82,10 @@ def measure(cfg: AblateConfig) -> ModelFacts:
                                  "module a `vocab_size` attribute")
     t = cfg.train
     try:
-        activations = t.batch_size * saved_bytes(lm, t.seq_len)
-        flops = flop_model(cfg.model, t.seq_len, lm.net)
+        activations = t.batch_size * saved_bytes(lm, t.seq_len)   # (FLOPs: counted where a run needs them)
     except ModelContractError:
         raise
     except (RuntimeError, NotImplementedError) as e:
         raise ConfigError(f"model={cfg.model.name}: its forward fails on the meta device ({type(e).__name__}: "
                           f"{str(e).splitlines()[0]})") from None
-    return ModelFacts([p.numel() for p in lm.parameters()], vocab, lm.blocks.record(), flops, activations)
+    return ModelFacts([p.numel() for p in lm.parameters()], vocab, lm.blocks.record(), activations)

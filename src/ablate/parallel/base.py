@@ -12,7 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -136,16 +136,18 @@ class Strategy(ABC):
     def optimizer_param_groups(self) -> List[Dict]:
         """The optimizer's param groups (lr, betas, weight_decay live there)."""
 
-    def state_is_finite(self) -> bool:
-        """Every rank's parameters are finite (agreed over ranks): never checkpoint NaN weights."""
+    def finite_on_every_rank(self, loss_finite: bool) -> Tuple[bool, bool]:
+        """(every rank's parameters are finite, every rank's last loss was finite), agreed over ranks in one
+        collective: a checkpoint is written only when both hold, and every rank decides alike."""
         local = [t.to_local() if hasattr(t, "to_local") else t for t in self.local_state()]
-        flag = torch.tensor([float(all(bool(torch.isfinite(t).all()) for t in local if t.numel()))])
+        flags = torch.tensor([float(all(bool(torch.isfinite(t).all()) for t in local if t.numel())),
+                              float(loss_finite)])
         if dist.is_initialized() and dist.get_world_size() > 1:
             from ablate.metrics.comm import paused
 
             with paused():
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
+                dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+        return bool(flags[0].item()), bool(flags[1].item())
 
     def apply_hyperparameters(self, cfg: OptimConfig) -> None:
         """After a resume: the run's lr, betas and weight decay, not the checkpoint's."""
@@ -163,6 +165,11 @@ class Strategy(ABC):
     @abstractmethod
     def load_checkpoint(self, directory: Path) -> None:
         """Restore what save_checkpoint wrote."""
+
+    def missing_for(self, directory: Path, rank: int) -> Optional[str]:
+        """A file this rank's load will read that is not there, named before any rank loads (a load that fails
+        on one rank alone would leave the others in the library's collectives). Default: nothing to check."""
+        return None
 
     def close(self) -> None:
         """Undo what the strategy installed (collective counters). Default: nothing to undo."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
@@ -52,14 +53,28 @@ class FSDP2(TorchStrategy):
     def save_checkpoint(self, directory: Path) -> None:
         """Each rank writes its own shards (torch.distributed.checkpoint): no gather on rank 0."""
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"))
+        with _plain_errors():
+            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"))
 
     def load_checkpoint(self, directory: Path) -> None:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, checkpoint_id=str(directory / "dcp"))
+        with _plain_errors():
+            dcp.load(state, checkpoint_id=str(directory / "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
 
     def close(self):
         self.counter.uninstall()
+
+
+@contextlib.contextmanager
+def _plain_errors():
+    """DCP gathers every rank's failure into one CheckpointException, which derives from BaseException (so
+    `except Exception` misses it) and prints each rank's traceback: raise the root cause instead, the same on
+    every rank, an OSError first (a full disk says ENOSPC on the rank that hit it, "unexpected pos" elsewhere)."""
+    try:
+        yield
+    except CheckpointException as e:
+        causes = [exc for exc, _trace in (e.failures[r] for r in sorted(e.failures))]
+        raise next((c for c in causes if isinstance(c, OSError)), causes[0] if causes else OSError(str(e))) from None

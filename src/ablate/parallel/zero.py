@@ -200,6 +200,16 @@ class Zero(Strategy):
         """DeepSpeed's own format: every rank writes its partition of the ZeRO state (loss scaler included)."""
         self.model.save_checkpoint(str(directory / "deepspeed"), tag="latest", save_latest=False)
 
+    def missing_for(self, directory: Path, rank: int) -> Optional[str]:
+        """DeepSpeed's files for this rank (its optimizer partition; its model shard under stage 3, else the
+        one model file), as deepspeed/runtime/engine.py names them (mp_rank 00: no tensor parallelism)."""
+        stage = self.config["zero_optimization"]["stage"]
+        model = f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+        for name in (f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", model):
+            if not (directory / "deepspeed" / "latest" / name).is_file():
+                return f"{directory.name}/deepspeed/latest/{name} is missing"
+        return None
+
     def load_checkpoint(self, directory: Path) -> None:
         path, _ = self.model.load_checkpoint(str(directory / "deepspeed"), tag="latest")
         if path is None:

@@ -1,6 +1,6 @@
-"""`python -m ablate.report DIR [DIR ...]` (report/compare.py)."""
+"""`python -m ablate.report DIR [DIR ...]` (report/cli.py)."""
 import sys
 
-from ablate.report.compare import main
+from ablate.report.cli import main
 
 sys.exit(main())

@@ -1,4 +1,5 @@
-"""`python -m ablate.report DIR [DIR ...]`: claimed vs measured, with repeats, intervals and verdicts.
+"""The report of `python -m ablate.report DIR [DIR ...]` (its command line: cli.py): claimed vs measured, with
+repeats, intervals and verdicts.
 
 Reads run directories only (summary.json + config.yaml; runs.py groups them into arms and repeats), and
 writes report.md, report.csv and one PNG (+ its data as JSON) per comparison into the first directory.
@@ -7,14 +8,12 @@ compared by the knob(s) their configs differ in, without a claim. Never imports 
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.report import arithmetic, effects, noise, outliers, sequential, stats, table, wandb_view, waterfall
+from ablate.report import arithmetic, effects, noise, outliers, sequential, stats, table, waterfall
 from ablate.report import output as report_output
 from ablate.report import runs as R
 
@@ -233,61 +232,3 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
 
 def write_csv(path: Path, checks: List[Check]) -> None:
     table.write(path, CSV_FIELDS, checks)
-
-
-def main(argv: List[str] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablate.report", description=(
-        "Claimed vs measured for runs of sweeps/ files, or a comparison of any runs (the knob is inferred "
-        "from their configs): effects with 95% intervals over repeats and a verdict per check."))
-    parser.add_argument("dirs", nargs="+", type=Path, help="run directories or multirun/sweep directories")
-    parser.add_argument("--out", type=Path, help="where report.md/.csv/PNG go (default: the first directory)")
-    parser.add_argument("--mixed-hardware", action="store_true",
-                        help="pair runs made on different hardware (refused by default)")
-    parser.add_argument("--confidence", type=float, default=0.95,
-                        help="the intervals' level (default 0.95; ablate.sweeps --repeats auto passes a corrected one)")
-    parser.add_argument("--wandb", action="store_true", help="save the W&B workspace of these runs to their project "
-                        "(online; after `wandb sync` of offline runs)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    missing = [d for d in args.dirs if not d.is_dir()]
-    if missing:
-        print(f"ablate.report: error: not a directory: {missing[0]}", file=sys.stderr)
-        return 2
-    report = build(args.dirs, args.mixed_hardware, args.confidence)
-    if not report["checks"] and not report["runs"] and report["unfinished"]:
-        shown = ", ".join(map(str, report["unfinished"][:3])) + (" ..." if len(report["unfinished"]) > 3 else "")
-        print(f"ablate.report: error: nothing to compare: {len(report['unfinished'])} run(s) did not finish (no "
-              f"summary.json): {shown}; continue one with python -m ablate train.resume=<its dir>", file=sys.stderr)
-        return 2
-    if not report["checks"] and not report["factorials"] and not report["stacks"]:
-        print(f"ablate.report: error: nothing to compare under {', '.join(map(str, args.dirs))}: no runs of a "
-              "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
-              file=sys.stderr)
-        return 2
-    out = args.out or args.dirs[0]
-    out.mkdir(parents=True, exist_ok=True)
-    path = report_output.write(out, report)
-    write_csv(out / "report.csv", report["checks"])
-    if report["factorials"]:
-        effects.write_csv(out / "effects.csv", report["factorials"])
-    if report["stacks"]:
-        waterfall.write_csv(out / "waterfall.csv", report["stacks"])
-    report_output.print_table(report)
-    tables = ["report.csv"] + [n for n in ("effects.csv", "waterfall.csv") if (out / n).exists()]
-    print(f"report: {path} (and {', '.join(tables)}, {len(list(out.glob('*.png')))} PNG)")
-    where = wandb_view.wandb_runs(report)
-    if where:   # the runs went to W&B: their view as code, and the verdicts as a run of the same group
-        spec = wandb_view.write_spec(out, report, where)
-        run_id = wandb_view.log_report_run(out, report, where, sorted(out.glob("*.png")))
-        print(f"W&B: workspace spec {spec}; verdicts in the report run {run_id} ({where['mode']}, group "
-              f"{', '.join(where['groups'])}); `--wandb` saves the workspace to the project")
-    if args.wandb:
-        return wandb_view.push(report, where) if where else _no_wandb_runs()
-    return 0
-
-
-def _no_wandb_runs() -> int:
-    print("ablate.report: error: --wandb: none of these runs was logged to W&B (they ran with logger=none)",
-          file=sys.stderr)
-    return 2
-
-

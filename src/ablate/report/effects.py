@@ -25,14 +25,10 @@ from ablate import design, units
 from ablate.report import runs as R
 from ablate.report import stats, table
 
-RESPONSES = ("tokens_per_s", "mfu_common_peak", "step_time_s", "mem_peak_bytes", "comm_bytes_per_step",
-             "comm_calls_per_step", "data_wait_frac")
+RESPONSES = units.in_view("effect")   # the registry of figures (units.py): which, their scale, which are exact
 KINDS = {(True, 1): "ratio", (True, 2): "ratio of ratios", (True, 3): "ratio of ratios of ratios",
          (False, 1): "difference", (False, 2): "difference of differences", (False, 3): "3-way difference"}
 FIELDS = ("metric", "term", "estimate", "ci_low", "ci_high", "n", "kind", "exact", "p_holm")
-# counts the same in every repeat by construction (the collectives a configuration issues): with one run per
-# cell their effects are still exact, where a saturated model's zero residuals prove nothing
-COUNTS = ("comm_bytes_per_step", "comm_calls_per_step")
 
 
 @dataclass
@@ -76,12 +72,14 @@ def terms(k: int, full: bool, resolution: Optional[int]) -> List[tuple]:
 def fit(metric: str, y: List[float], x: np.ndarray, knobs: List[str], model_terms: List[tuple]) -> List[Effect]:
     import statsmodels.api as sm
 
-    log_scale = not units.is_fraction(metric)
+    log_scale = units.on_log_scale(metric)
     values = np.log(y) if log_scale else np.array(y)
     design = np.column_stack([np.ones(len(y))] + [np.prod(x[:, list(t)], axis=1) for t in model_terms])
     result = sm.OLS(values, design).fit()
     zero_residuals = bool(np.allclose(result.resid, 0, atol=1e-9 * max(1.0, float(np.abs(values).max()))))
-    exact = zero_residuals and (result.df_resid > 0 or metric in COUNTS)
+    # a count the same in every repeat by construction (the collectives a configuration issues) is exact even
+    # with one run per cell, where a saturated model's zero residuals prove nothing
+    exact = zero_residuals and (result.df_resid > 0 or units.is_exact(metric))
     ci = result.conf_int(0.05) if result.df_resid > 0 else None
     p_holm = holm(list(result.pvalues[1:])) if ci is not None and not exact else [None] * len(model_terms)
     out = []
@@ -161,7 +159,7 @@ def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
         if any(v is None for v in y):
             notes.append(f"{metric}: not recorded by every run (e.g. not measurable here)")
             continue
-        if not units.is_fraction(metric) and min(y) <= 0:
+        if units.on_log_scale(metric) and min(y) <= 0:
             notes.append(f"{metric}: zero in some runs, so no ratio")
             continue
         if len(y) < len(model_terms) + 1:
@@ -216,7 +214,7 @@ def section(a: Factorial, plot: Optional[str]) -> List[str]:
     return lines + (["", f"![{a.name}]({plot})"] if plot else [])
 
 
-CELL_FIGURES = ("tokens_per_s", "mfu", "mem_peak_bytes", "comm_bytes_per_step", "comm_calls_per_step", "loss")
+CELL_FIGURES = units.in_view("cell")
 
 
 def cells_table(a: Factorial) -> List[str]:

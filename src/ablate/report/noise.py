@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import statistics
+import sys
 from datetime import datetime
 from typing import Dict, List, Optional
 
@@ -56,11 +58,25 @@ def _cache():
 
 
 def _read() -> Dict[str, Dict]:
-    try:
-        entries = json.loads(_cache().read_text())
-    except (OSError, ValueError):
+    """The cached floors; a damaged file is named on stderr and set aside (<file>.damaged), never taken for
+    "no A/A measured yet" nor overwritten unseen."""
+    path = _cache()
+    if not path.is_file():
         return {}
-    return entries if isinstance(entries, dict) and all(isinstance(v, dict) for v in entries.values()) else {}
+    try:
+        entries = json.loads(path.read_text())
+        if not (isinstance(entries, dict) and all(isinstance(v, dict) for v in entries.values())):
+            raise ValueError("not a mapping of host|workload to floors")
+    except (OSError, ValueError) as e:
+        aside = path.with_name(path.name + ".damaged")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = None
+        print(f"ablate: warning: the noise-floor cache {path} cannot be read ({type(e).__name__}: {e})"
+              + (f"; set aside as {aside}" if aside else ""), file=sys.stderr)
+        return {}
+    return entries
 
 
 def cached() -> Dict[str, Dict]:

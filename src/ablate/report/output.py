@@ -95,8 +95,7 @@ def verdict_table(checks) -> List[str]:
     return lines
 
 
-ARM_COLUMNS = ("loss", "tokens_per_s", "mfu", "mfu_common_peak", "data_wait_frac", "mem_peak_bytes",
-               "comm_bytes_per_step", "nonfinite_steps", "scaler_skipped_steps")
+ARM_COLUMNS = units.in_view("arm")   # the registry of figures (units.py)
 
 
 def stragglers(runs) -> str:

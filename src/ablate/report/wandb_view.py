@@ -72,6 +72,23 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
                         name=f"ablate: {', '.join(groups)}"[:120], sections=sections, runset_settings=runset)
 
 
+def tune_spec(knobs: List[str], objective: str, where: Dict[str, object]) -> Dict:
+    """An `ablate.tune`'s W&B workspace: its trials (their W&B group) as a parallel-coordinates panel from the
+    knobs searched to the objective and the peak memory, and the objective against step."""
+    import wandb_workspaces.reports.v2 as wr
+    import wandb_workspaces.workspaces as ws
+
+    columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k if "." in k else f"{k}.name")) for k in knobs]
+    columns += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(m)) for m in (objective, "mem_peak_bytes")]
+    panels = [wr.ParallelCoordinatesPlot(title=f"trials: knobs -> {objective}, peak memory", columns=columns),
+              wr.LinePlot(title=f"{objective} against step", x="step", y=[objective])]
+    groups = where["groups"]
+    runset = ws.RunsetSettings(filters=" or ".join(f"Group = '{g}'" for g in groups))
+    return ws.Workspace(entity=where.get("entity") or "your-entity", project=where.get("project") or "ablate",
+                        name=f"ablate tune: {', '.join(groups)}"[:120], runset_settings=runset,
+                        sections=[ws.Section(name=f"tune ({objective})", panels=panels, is_open=True)])._spec
+
+
 def _config_key(run, knob: str) -> str:
     """A factor's config key in W&B: a config group's `name`, else the knob itself."""
     return f"{knob}.name" if isinstance(run.config.get(knob), dict) else knob

@@ -59,7 +59,7 @@ def _reference(arms: List[design.Arm], i: int) -> Optional[design.Arm]:
 
 def rows_for(arms: List[design.Arm], by_arm: Dict[str, List[R.Run]], metric: str) -> List[Row]:
     out = []
-    share = units.is_fraction(metric) and metric != "mfu_common_peak"
+    share = not units.on_log_scale(metric)
     for i, arm in enumerate(arms):
         values = [r.metric(metric) for r in by_arm.get(arm.label, [])]
         values = [v for v in values if v is not None]
@@ -100,7 +100,7 @@ def write_csv(path: Path, stacks: List[Stack]) -> None:
 def change_text(row: Row) -> str:
     if row.change is None:
         return "—"
-    kind = "difference" if units.is_fraction(row.metric) and row.metric != "mfu_common_peak" else "ratio"
+    kind = "ratio" if units.on_log_scale(row.metric) else "difference"
     text = units.effect(kind, row.change, row.metric)
     if row.change_ci_low is None:
         return f"{text} (n={row.n}: {'too small for an interval' if row.n > 1 else 'no interval'})"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -11,11 +10,12 @@ from typing import Dict, List, Tuple
 import yaml
 
 from ablate import report
-from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
+from ablate.config import AblateError, ConfigError, exit_code_of
+from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
 from ablate.sweeps import allocation, available, expand, is_factorial, listing, plan_runs, use_config_dirs
-from ablate.sweeps.runner import Interrupted, claim_dir, raise_on_sigterm, run_all, unfinished
+from ablate.sweeps.runner import claim_dir, run_all, unfinished
 from ablate.train import guards
 
 
@@ -49,9 +49,7 @@ def main(argv: List[str] = None) -> int:
     except AblateError as e:
         return exit_code_of(e, "ablate.sweeps")
     except (KeyboardInterrupt, Interrupted) as e:   # between runs: nothing of ours is running
-        signum = getattr(e, "signum", signal.SIGINT)
-        return exit_code_of(RunStopped(f"stopped by {signal.Signals(signum).name} between runs; the same command "
-                                       "continues the sweep", exit_code=128 + signum), "ablate.sweeps")
+        return exit_code_of(stopped_between(e, "the same command continues the sweep"), "ablate.sweeps")
 
 
 def overrides_of(extra: List[str]) -> List[str]:

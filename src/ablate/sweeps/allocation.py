@@ -13,6 +13,7 @@ submit and return). Each run's summary.json says where it ran: `slurm: {job_id, 
   to the running step (its ranks checkpoint and stop), then the job is requeued: that run is redone.
 - launcher.dry_run=true: the script is written, nothing submitted (`sbatch D/sweep.sbatch` runs it).
 Typed inside an allocation already (salloc, a script of the user's), the runs are steps of that one.
+`python -m ablate.tune ... -- launcher=slurm` takes the same path (`TUNE`): its trials are the job steps.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ablate import compose, launcher
 from ablate.config import AblateConfig, ConfigError
@@ -29,6 +30,16 @@ from ablate.launcher import cluster, script
 from ablate.train.ranks import rank_env
 
 Combo = Tuple[str, ...]
+
+
+class Driver(NamedTuple):
+    """What the allocation runs, as its lines name it."""
+    prog: str     # the command, in its one-line messages
+    noun: str     # what it runs (also D/<noun>.sbatch)
+
+
+SWEEP = Driver("ablate.sweeps", "sweep")
+TUNE = Driver("ablate.tune", "tune")
 
 
 def configs(runs) -> Dict[Combo, AblateConfig]:
@@ -55,8 +66,8 @@ def largest(configs: Dict[Combo, AblateConfig]) -> AblateConfig:
 class Steps:
     """Inside the allocation: each run's `srun` prefix, and the time-limit warning passed on."""
 
-    def __init__(self, configs: Dict[Combo, AblateConfig]):
-        self.configs, self.warned, self.job = configs, False, rank_env().slurm_job
+    def __init__(self, configs: Dict[Combo, AblateConfig], what: Driver = SWEEP):
+        self.configs, self.warned, self.job, self.what = configs, False, rank_env().slurm_job, what
         signal.signal(signal.SIGUSR2, self._warn)
 
     def prefix(self, combo: List[str], name: str) -> List[str]:
@@ -76,36 +87,37 @@ class Steps:
         if not self.warned:
             return
         print(f"{title}: the time-limit warning came (a running run checkpoints and stops); Slurm job {self.job} "
-              f"is requeued and its next attempt continues the sweep, this run again", flush=True)
+              f"is requeued and its next attempt continues the {self.what.noun}, this run again", flush=True)
         subprocess.run(["scontrol", "requeue", self.job], capture_output=True)
         sys.exit(0)
 
 
-def submit(root: Path, driver_args: List[str], configs: Dict[Combo, AblateConfig], wait: bool) -> int:
+def submit(root: Path, driver_args: List[str], configs: Dict[Combo, AblateConfig], wait: bool,
+           what: Driver = SWEEP) -> int:
     """Write D/sweep.sbatch and submit it (or, on a dry run, only write it); with `wait`, follow it. The
     driver is the `python` that launcher.setup puts on the PATH, else this interpreter (a shared filesystem)."""
     cfg = largest(configs)
     driver = ["python" if cfg.launcher.setup else sys.executable, *driver_args]
     (root / "slurm").mkdir(parents=True, exist_ok=True)   # Slurm does not create its --output folder
-    path = root / "sweep.sbatch"
-    path.write_text(script.sweep_text(cfg, root, driver))
+    path = root / f"{what.noun}.sbatch"
+    path.write_text(script.sweep_text(cfg, root, driver, *what))
     if cfg.launcher.dry_run:
-        print(f"dry run: the sweep's sbatch script is {path} (nothing submitted; `sbatch {path}` runs the whole "
-              f"sweep in one allocation)")
+        print(f"dry run: the {what.noun}'s sbatch script is {path} (nothing submitted; `sbatch {path}` runs the "
+              f"whole {what.noun} in one allocation)")
         return 0
     done = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
     if done.returncode:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()] or ["no reason given"]
-        raise ConfigError(f"sbatch refused the sweep's job: {lines[-1].replace('sbatch: error: ', '')}")
+        raise ConfigError(f"sbatch refused the {what.noun}'s job: {lines[-1].replace('sbatch: error: ', '')}")
     job = done.stdout.strip().split(";")[0]
     lc = cfg.launcher
-    print(f"submitted Slurm job {job}: the whole sweep in one allocation ({lc.nodes} node(s) x {lc.nproc_per_node} "
-          f"task(s)), each run a job step; log {root / 'slurm' / f'{job}.out'}", flush=True)
+    print(f"submitted Slurm job {job}: the whole {what.noun} in one allocation ({lc.nodes} node(s) x "
+          f"{lc.nproc_per_node} task(s)), each run a job step; log {root / 'slurm' / f'{job}.out'}", flush=True)
     if not wait:
-        print(f"not waiting (--no-wait): the report will be {root / 'report.md'}; scancel {job} stops the sweep, "
-              f"the same command continues it")
+        print(f"not waiting (--no-wait): the report will be {root / 'report.md'}; scancel {job} stops the "
+              f"{what.noun}, the same command continues it")
         return 0
-    return follow(job, root, lc.cancel_unrunnable)
+    return follow(job, root, lc.cancel_unrunnable, what)
 
 
 def live_job(root: Path) -> Optional[str]:
@@ -129,7 +141,7 @@ GONE_AFTER_POLLS = 10   # squeue not listing the job this many times in a row (1
 # failed squeue, a busy controller, must not end the wait while the job runs)
 
 
-def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
+def follow(job: str, root: Path, cancel_unrunnable: bool, what: Driver = SWEEP) -> int:
     """The job's state while it waits, then the driver's lines here until it ends (requeues included); the
     driver's exit code. Ctrl-C stops the waiting, not the sweep."""
     logs = {root / "slurm" / f"{job}.out": sys.stdout, root / "slurm" / f"{job}.err": sys.stderr}
@@ -146,27 +158,27 @@ def follow(job: str, root: Path, cancel_unrunnable: bool) -> int:
                 watch.update(state, time.monotonic() - started)
             if cluster.stuck(state):
                 watch.end_line()
-                return _give_up(job, state[1], cancel_unrunnable)
+                return _give_up(job, state[1], cancel_unrunnable, what)
             time.sleep(1)
     except KeyboardInterrupt:
         watch.end_line()
-        print(f"\nablate.sweeps: stopped waiting; the sweep goes on in Slurm job {job} (scancel {job} stops it; "
-              f"the same command follows it again, or reports it when it is done)", file=sys.stderr)
+        print(f"\n{what.prog}: stopped waiting; the {what.noun} goes on in Slurm job {job} (scancel {job} stops "
+              f"it; the same command follows it again, or reports it when it is done)", file=sys.stderr)
         return 130
     watch.end_line()
     for log, stream in logs.items():
         cluster.show_new(log, shown[log], final=True, stream=stream, prefix="")
     if exit_file.exists():
         return int(exit_file.read_text().strip() or 1)
-    print(f"ablate.sweeps: Slurm job {job} ended before its sweep did (cancelled or killed); the same command "
-          f"continues it (finished runs are kept)", file=sys.stderr)
+    print(f"{what.prog}: Slurm job {job} ended before its {what.noun} did (cancelled or killed); the same "
+          f"command continues it (finished runs are kept)", file=sys.stderr)
     return 1
 
 
-def _give_up(job: str, reason: str, cancel: bool) -> int:
+def _give_up(job: str, reason: str, cancel: bool, what: Driver) -> int:
     why = f"Slurm job {job} cannot start: {reason}: {cluster.unrunnable(reason)}"
     if not cancel:
-        print(f"ablate.sweeps: {why}; it stays queued (launcher.cancel_unrunnable=false): scancel {job}",
+        print(f"{what.prog}: {why}; it stays queued (launcher.cancel_unrunnable=false): scancel {job}",
               file=sys.stderr)
         return 1
     subprocess.run(["scancel", job], capture_output=True)

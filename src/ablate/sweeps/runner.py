@@ -3,85 +3,34 @@ timeout), the same command continuing an earlier call (its plan kept in D/plan.j
 once more beside it, and a sweep's batch search after its run."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ablate.config import ConfigError, RunStopped
+from ablate.config import ConfigError
+from ablate.launcher import group
+from ablate.launcher.script import STEP_GRACE_S
 from ablate.metrics import host
 from ablate.report import outliers
 from ablate.sweeps import _label, load
 from ablate.train import guards
 
-STOP_GRACE_S = 120   # a stopped sweep waits this long for its run to checkpoint and end, then kills it
-
-
-class Interrupted(Exception):
-    """SIGTERM to the sweep's driver (Ctrl-C is KeyboardInterrupt): the run in progress is stopped, then this
-    call ends (exit 128 + the signal); the same command continues later."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def raise_on_sigterm() -> None:
-    """SIGTERM to the driver raises Interrupted where it waits (its default would kill it outright, leaving the
-    run, which has its own session, orphaned)."""
-    def stop(signum, frame):
-        raise Interrupted(signum)
-    signal.signal(signal.SIGTERM, stop)
-
-
-def stop_run(proc: subprocess.Popen, signum: int) -> None:
-    """Pass the stop to the run's whole process group (its ranks, its loader workers): it checkpoints at its
-    next step boundary and ends; past STOP_GRACE_S it is killed. Then this call ends, said in one line."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    raise RunStopped(f"stopped by {signal.Signals(signum).name}: the run in progress was told to stop and ended "
-                     "(it is set aside as unfinished); the same command continues the sweep",
-                     exit_code=128 + signum) from None
+SWEEP_STOPPED = "it is set aside as unfinished; the same command continues the sweep"
 
 
 def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float],
                 grace_s: float = 0) -> subprocess.CompletedProcess:
-    """Run one arm (or its batch search) in its own process group; past `timeout` the whole group is killed
-    (its ranks and loader workers too) and the run is named as timed out, while the sweep goes on. With
-    `grace_s` (a job step: srun passes SIGTERM on to its tasks on every node, which a SIGKILL to srun
-    alone would leave running) the group gets SIGTERM first, then SIGKILL that much later."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except KeyboardInterrupt:
-        stop_run(proc, signal.SIGINT)
-    except Interrupted as e:
-        stop_run(proc, e.signum)
-    except subprocess.TimeoutExpired:
-        if grace_s:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        return subprocess.CompletedProcess(cmd, 124, None, f"{err}\ntimed out after {timeout:.0f} s (--run-timeout)")
-    return subprocess.CompletedProcess(cmd, proc.returncode, None, err)
+    """One arm (or its batch search) in its own process group (launcher/group.py): past `timeout` the whole
+    group is killed and the run is named as timed out, while the sweep goes on."""
+    result = group.run(cmd, env, timeout, grace_s, then=SWEEP_STOPPED)
+    if result.returncode == 124 and timeout is not None:
+        result.stderr += " (--run-timeout)"
+    return result
 
 
 def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
@@ -170,7 +119,6 @@ def say(title: str, result, run_dir: Path, tail: str = "") -> None:
 
 
 RERUN_SUFFIX = "_rerun"
-STEP_GRACE_S = 30   # a job step past its timeout: from SIGTERM (srun stops its tasks) to SIGKILL
 PLAN_FILE = "plan.json"   # the call's runs, in order: the same command on the same --dir continues it
 
 
@@ -215,8 +163,11 @@ def claim_dir(root: Path, runs) -> str:
     if root.exists() and any(root.rglob("metrics.jsonl")):
         return (f"--dir {root} already holds runs; choose another folder "
                 f"(python -m ablate.report {root} reports on them)")
-    root.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan, indent=1))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan, indent=1))
+    except OSError as e:   # read-only, no permission, full
+        return f"--dir {root}: cannot be written ({e.strerror or type(e).__name__}); choose another folder"
     return ""
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from ablate import parallel, units
+from ablate import units
 from ablate.config import ConfigError, RunStopped
 from ablate.metrics.comm import all_gather_object
 from ablate.train import manifest, pickles
@@ -81,6 +81,21 @@ def save(target: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
             os.replace(target, keep)
         os.replace(tmp, target)
     _barrier()
+
+
+def set_aside(target: Path, is_main: bool) -> Optional[int]:
+    """The latest checkpoint turned out bad (the loss of its weights, at the next step, was not finite): it
+    becomes <target>.broken and the previous one, when there is one, the latest again. The latest's step now
+    (None: none is left)."""
+    prev = target.with_name(PREVIOUS)
+    if is_main:
+        broken = target.with_name(BROKEN)
+        shutil.rmtree(broken, ignore_errors=True)
+        os.replace(target, broken)
+        if prev.exists():
+            os.replace(prev, target)
+    _barrier()
+    return read_meta(target)["step"] if (target / "meta.pt").is_file() else None
 
 
 def _write(tmp: Path, strategy, step: int, meta: Dict, is_main: bool) -> None:
@@ -151,7 +166,8 @@ def load(path: Path, strategy, env) -> Dict:
     for candidate in candidates:
         if not (candidate / "meta.pt").is_file():
             continue
-        problems = _agreed(manifest.problem(candidate, env.rank, env.world_size) or pickles.unsafe(candidate), env)
+        problems = _agreed(manifest.problem(candidate, env.rank, env.world_size) or pickles.unsafe(candidate)
+                           or strategy.missing_for(candidate, env.rank), env)
         if not problems:
             try:
                 meta = read_meta(candidate)
@@ -159,11 +175,7 @@ def load(path: Path, strategy, env) -> Dict:
                 failed = None
             except ConfigError:
                 raise
-            except BaseException as e:
-                # DCP's CheckpointException derives from BaseException (named here: importing DCP costs every run
-                # ~1 s, and fsdp2 alone uses it); any other BaseException is a stop (Ctrl-C), not a bad checkpoint
-                if not isinstance(e, Exception) and type(e).__name__ != "CheckpointException":
-                    raise
+            except Exception as e:   # (a strategy raises its library's failures as plain exceptions: fsdp2.py)
                 failed = f"cannot be read ({describe(e)})"
             problems = _agreed(failed, env)
         if problems:
@@ -186,64 +198,6 @@ def check_complete(path: Path) -> None:
                 if (c / "meta.pt").is_file()]
     if problems and all(problems):
         raise ConfigError(f"train.resume: no complete checkpoint in {path.parent} ({'; '.join(problems)})")
-
-
-# what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
-FIXED = ("model", "precision.name", "optim.name", "optim._target_")
-CHANGEABLE = ("optim.lr", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.schedule", "optim.warmup_steps",
-              "optim.min_lr_ratio", "train.max_grad_norm")
-
-
-def _flat(node, prefix="") -> Dict[str, object]:
-    out = {}
-    for k, v in (node or {}).items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, saved_world: Optional[int]) -> Dict:
-    """Refuse (one line) what a checkpoint cannot become; return {key: [saved, now]} of what changes."""
-    steps = now["train"]["steps"]
-    if steps <= step:
-        raise ConfigError(f"train.steps={steps}: the checkpoint is at step {step}; ask for more steps to continue "
-                          f"(e.g. train.steps={step + max(step, 10)})")
-    if not saved:
-        return {}
-    a, b = _flat(saved), _flat(now)
-    fixed = [k for k in sorted(set(a) | set(b)) if k.startswith(FIXED) and a.get(k) != b.get(k)]
-    was, now_ = (parallel.REGISTRY.get(a.get("parallel.name")), parallel.REGISTRY.get(b.get("parallel.name")))
-    if was is None or now_ is None or was.checkpoint != now_.checkpoint \
-            or (was.checkpoint_per_world and saved_world not in (None, world)):
-        fixed.append(f"parallel ({a.get('parallel.name')} on {saved_world} ranks -> {b.get('parallel.name')} on "
-                     f"{world})")
-    if fixed:
-        what = ", ".join(f"{k}={a.get(k)} -> {b.get(k)}" if "=" not in k and "(" not in k else k for k in fixed[:4])
-        raise ConfigError(f"train.resume: the checkpoint cannot continue with a different {fixed[0].split('.')[0]}: "
-                          f"{what}; resume with the checkpoint's values, or start a new run")
-    changed = {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
-    batch = [_global_batch(a, saved_world or world), _global_batch(b, world)]
-    if batch[0] != batch[1]:   # more ranks (or another batch size): the same step now sees more sequences
-        changed["global_batch"] = batch
-    return changed
-
-
-def _global_batch(flat: Dict[str, object], world: int) -> int:
-    """Sequences per optimizer step, from a flattened config (global_batch_size, when it set the per-rank
-    batch) and its world size."""
-    given = flat.get("train.global_batch_size")
-    if given:
-        return int(given)
-    return int(flat.get("train.batch_size") or 0) * int(flat.get("train.grad_accum") or 1) * world
-
-
-def check_resume(cfg, record: Dict) -> None:
-    """What a resume cannot become, refused before anything is written (each rank checks again as it loads):
-    judged on the newest checkpoint that is whole (a truncated latest falls back to the previous one)."""
-    path = resolve(cfg.train.resume)
-    if path is not None:
-        check_complete(path)
-        meta = read_meta(newest_whole(path))
-        check_resumable(meta.get("config"), record, meta["step"], cfg.launcher.world_size, meta.get("world_size"))
 
 
 def newest_whole(path: Path) -> Path:

@@ -23,7 +23,8 @@ _CLAIMED = set()   # run dirs this process claimed: the only ones a refusal of t
 
 def check_run_dir_override(overrides) -> None:
     for o in overrides:
-        if o.startswith("hydra.run.dir=") and not o.split("=", 1)[1].strip():
+        # '' and "" too: Hydra reads a quoted empty string as the empty path, the current directory
+        if o.startswith("hydra.run.dir=") and not o.split("=", 1)[1].strip().strip("'\"").strip():
             raise ConfigError("hydra.run.dir is empty: it would write into the current directory; give a directory "
                               "(the default is runs/<date>/<time>)")
 

@@ -59,25 +59,41 @@ class Preemption:
     def _flag(self, signum, frame) -> None:
         if self.signum is None:
             self.signum, self.first_at = signum, time.monotonic()
-        elif signum == signal.SIGINT and time.monotonic() - self.first_at > REPEAT_WINDOW_S:
+        elif signum == signal.SIGINT and time.monotonic() - self.first_at > REPEAT_WINDOW_S \
+                and not self.launcher_gone():   # (a dead launcher's late copy is nobody's second Ctrl-C)
             raise KeyboardInterrupt   # a second, deliberate Ctrl-C: stop now
 
+    def launcher_gone(self) -> bool:
+        """Whether the local launcher that started this rank is gone. torch's spawn asks the kernel for SIGINT
+        when it dies (PR_SET_PDEATHSIG), once per launcher thread that exits: the first copy can arrive while
+        this rank's parent is still a dying thread of it, so the parent is looked at again whenever asked."""
+        if self.parent and os.getppid() != self.parent:
+            self.orphaned = True
+        return self.orphaned
+
     def due(self) -> bool:
-        if self.parent and os.getppid() != self.parent:   # the launcher is gone: torch's spawn sends its ranks
-            self.orphaned = True                            # SIGINT then (PR_SET_PDEATHSIG); or nothing at all
+        if self.launcher_gone():   # (SIGINT from the kernel, or nothing at all: stop all the same)
             self.signum = self.signum or signal.SIGTERM
         if self.world_size == 1:
             return self.signum is not None
-        flag = torch.tensor([self.signum or 0], dtype=torch.int64)
+        # the ranks share their launcher, yet each sees it gone at its own moment: agree on that too, so that
+        # rank 0 says so even when only its peer noticed first
+        flags = torch.tensor([self.signum or 0, int(self.orphaned)], dtype=torch.int64)
         with paused():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_control_group())
-        if flag.item() and self.signum is None:
-            self.signum = int(flag.item())
-        return bool(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_control_group())
+        signum, orphaned = (int(v) for v in flags.tolist())
+        if signum and self.signum is None:
+            self.signum = signum
+        self.orphaned = bool(orphaned)
+        return bool(signum)
 
     def restore(self) -> None:
+        """The handlers from before the run. A launched rank that stops on a signal leaves right after: late
+        copies of the stop (Ctrl-C reaches it from the terminal and the launcher; the kernel repeats a dead
+        launcher's SIGINT) are ignored then, so that none interrupts its exit with a traceback."""
+        leaving = self.parent is not None and self.signum is not None
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if leaving else handler)
 
     def hand_over(self, is_main: bool) -> None:
         """After the checkpoint: under Slurm rank 0 lets submitit requeue (USR2) or Slurm requeue (SIGTERM)

@@ -10,9 +10,7 @@ device time spent on it. A trial that runs out of memory is recorded as `oom`, n
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,11 +18,17 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ablate.config import ConfigError
+from ablate.launcher import group
+from ablate.launcher.script import STEP_GRACE_S
 
-OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "needs about")   # CUDA OOM; ablate's memory guard
 # objectives whose smaller value is better; every other figure is maximised
 MINIMISED = ("step_time_s", "step_time_p90_s", "mem_peak_bytes", "mem_reserved_bytes", "loss")
 STATES = ("complete", "pruned", "failed", "oom")
+
+
+def grid_size(space: Dict[str, List[str]]) -> int:
+    """How many points the space holds (every choice of every knob)."""
+    return math.prod(len(v) for v in space.values())
 
 
 def parse_space(items: List[str]) -> Dict[str, List[str]]:
@@ -81,33 +85,26 @@ def prune_reason(overrides: List[str], budget_bytes: Optional[float]) -> Optiona
     return None
 
 
-def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[float] = None) -> Trial:
-    """One trial in a fresh process (its own process group: a stopped tune stops all of it), judged."""
-    command = [sys.executable, "-m", "ablate", *trial.overrides, f"hydra.run.dir={run_dir}"]
+def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[float] = None,
+              job_step: List[str] = ()) -> Trial:
+    """One trial in a fresh process (its own process group: a stopped tune stops all of it), judged; with
+    `job_step` (an `srun ...` prefix), a job step of the tune's Slurm allocation."""
+    command = [*job_step, sys.executable, "-m", "ablate", *trial.overrides, f"hydra.run.dir={run_dir}"]
     started = time.monotonic()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
-            raise
-        err = f"timed out after {timeout:.0f} s"
+    done = group.run(command, timeout=timeout, grace_s=STEP_GRACE_S if job_step else 0,
+                     then="the same command continues the tune")
     trial.seconds, trial.run_dir = round(time.monotonic() - started, 1), str(run_dir)
     summary_path = run_dir / "summary.json"
-    if proc.returncode == 0 and summary_path.exists():
+    if done.returncode == 0 and summary_path.exists():
         summary = json.loads(summary_path.read_text())
         trial.objective, trial.mem_peak_bytes = summary.get(objective), summary.get("mem_peak_bytes")
         if trial.objective is None:
             trial.state, trial.reason = "failed", (summary.get("notes") or {}).get(objective,
                                                                                     f"no {objective} recorded")
         return trial
-    lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
-    trial.reason = lines[-1][:300] if lines else f"exit code {proc.returncode}"
-    oom = proc.returncode in (-9, 137) or any(s in (err or "") for s in OUT_OF_MEMORY)
-    trial.state = "oom" if oom else "failed"
+    lines = [ln for ln in (done.stderr or "").strip().splitlines() if ln.strip()]
+    trial.reason = lines[-1][:300] if lines else f"exit code {done.returncode}"
+    trial.state = "oom" if group.out_of_memory(done) else "failed"
     return trial
 
 

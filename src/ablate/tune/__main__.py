@@ -5,20 +5,31 @@ Optuna's TPE sampler (seeded), or the whole grid when it has no more points than
 D/optuna.db, so the same command continues an interrupted tune. Writes D/tune.csv (a row a trial), D/best.yaml
 (the winner's overrides: `python -m ablate $(cat D/best.yaml)`), D/report.md and D/tune.png (objective
 against peak memory, the budget line, the Pareto front).
+
+With launcher=slurm (in the overrides or the space) the tune is ONE Slurm allocation, like ablate.sweeps: typed
+outside a job, it writes D/tune.sbatch (the nodes of its largest trial) and submits it, and this same command
+is the driver inside it, each trial a job step; its lines stream here until it ends. A requeued allocation
+(preemption, the time-limit warning) continues the tune from D/optuna.db, the stopped trial again.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import itertools
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import yaml
+
 from ablate import units
 from ablate.config import AblateError, ConfigError, exit_code_of
-from ablate.tune import Trial, best_two, direction, pareto, parse_space, prune_reason, run_trial
+from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
+from ablate.report import wandb_view
+from ablate.sweeps import allocation
+from ablate.tune import Trial, best_two, direction, grid_size, pareto, parse_space, prune_reason, run_trial
+from ablate.tune.slurm import Steps, driver_command, trial_configs
 
 STUDY = "ablate-tune"
 
@@ -36,14 +47,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trial-timeout", type=float, help="seconds per trial (a trial past it fails)")
+    p.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the tune's one allocation "
+                   "and return (default: follow it here until its report is written)")
     return p
 
 
 def sampler(space: Dict[str, List[str]], trials: int, seed: int):
     import optuna
 
-    if len(list(itertools.product(*space.values()))) <= trials:   # small: every point, in a seeded order
-        return optuna.samplers.GridSampler(space, seed=seed)
+    class Grid(optuna.samplers.GridSampler):
+        def after_trial(self, study, trial, state, values) -> None:
+            """Nothing: optuna's grid calls Study.stop at its last point, which raises outside study.optimize;
+            this tune asks and tells by itself, and ends when `left` finds every point measured."""
+
+    if grid_size(space) <= trials:   # small: every point, in a seeded order
+        return Grid(space, seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
 
 
@@ -58,7 +76,8 @@ def recorded(study) -> List[Trial]:
     return out
 
 
-def one_trial(study, space, base: List[str], args, budget: Optional[float], earlier: Dict[str, Trial]) -> Trial:
+def one_trial(study, space, base: List[str], args, budget: Optional[float], earlier: Dict[str, Trial],
+              steps: Steps) -> Trial:
     import optuna
 
     t = study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()})
@@ -74,7 +93,9 @@ def one_trial(study, space, base: List[str], args, budget: Optional[float], earl
         if reason:
             trial.state, trial.reason = "pruned", reason
         else:
-            run_trial(trial, args.dir / "trials" / f"{t.number:03d}", args.objective, args.trial_timeout)
+            run_trial(trial, args.dir / "trials" / f"{t.number:03d}", args.objective, args.trial_timeout,
+                      steps.prefix(overrides, f"ablate-trial-{t.number:03d}"))
+            steps.requeue_if_warned(f"trial {t.number}")   # not recorded: the next attempt runs it again
             if budget and trial.state == "complete" and (trial.mem_peak_bytes or 0) > budget:
                 trial.state = "oom"   # it ran, but past the budget: no winner can be one
                 trial.reason = f"peak {units.fmt('bytes', trial.mem_peak_bytes)} over the budget"
@@ -91,7 +112,7 @@ def one_trial(study, space, base: List[str], args, budget: Optional[float], earl
     return trial
 
 
-def confirm(winner: Trial, runner: Trial, args) -> Dict[str, object]:
+def confirm(winner: Trial, runner: Trial, args, steps: Steps) -> Dict[str, object]:
     """The best two R more times each, interleaved (A B, A B, ...), then the winner / runner-up ratio."""
     from ablate.report import stats
 
@@ -99,7 +120,9 @@ def confirm(winner: Trial, runner: Trial, args) -> Dict[str, object]:
     for r in range(args.confirm):
         for t in (winner, runner):
             again = Trial(t.number, t.overrides)
-            run_trial(again, args.dir / "confirm" / f"{t.number:03d}_r{r}", args.objective, args.trial_timeout)
+            run_trial(again, args.dir / "confirm" / f"{t.number:03d}_r{r}", args.objective, args.trial_timeout,
+                      steps.prefix(t.overrides, f"ablate-confirm-{t.number:03d}-{r}"))
+            steps.requeue_if_warned(f"confirm {r + 1}/{args.confirm}")
             if again.objective is not None:
                 values[t.number].append(again.objective)
             print(f"confirm {r + 1}/{args.confirm}: trial {t.number}: {again.state} "
@@ -130,7 +153,8 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
                           t.reason, t.seconds])
     winner, runner = best_two(trials, maximise)
     if winner:
-        (d / "best.yaml").write_text("\n".join(winner.overrides) + "\n")
+        chosen = [o for o in winner.overrides if not o.startswith("logger.group=")]   # (the tune's own W&B group)
+        (d / "best.yaml").write_text("\n".join(chosen) + "\n")
     front = pareto(trials, maximise)
     plot = draw(d, trials, front, budget, args.objective)
     counts = {s: sum(t.state == s for t in trials) for s in ("complete", "pruned", "failed", "oom")}
@@ -149,9 +173,28 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
               f"{units.fmt('bytes', t.mem_peak_bytes) if t.mem_peak_bytes else '—'} | {t.reason} |" for t in trials]
     lines += ["", f"Pareto front (no trial is better on both): {', '.join(str(t.number) for t in front) or '—'}."]
     lines += (["", f"![tune]({plot})"] if plot else [])
+    spec = write_workspace(d, trials, list(parse_space(args.space)), args.objective)
+    lines += (["", f"W&B: the trials' workspace (a parallel-coordinates panel) in `{spec}`."] if spec else [])
     (d / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:6]))
     print(f"report: {d / 'report.md'} (and tune.csv, best.yaml{', ' + plot if plot else ''})")
+
+
+def write_workspace(d: Path, trials: List[Trial], knobs: List[str], objective: str) -> Optional[Path]:
+    """D/wandb_workspace.json when the trials were logged to W&B (their summary names a group)."""
+    where: Dict[str, object] = {"groups": []}
+    for t in trials:
+        path = Path(t.run_dir or "/nonexistent") / "summary.json"
+        summary = json.loads(path.read_text()) if t.state == "complete" and path.is_file() else {}
+        group = (summary.get("wandb") or {}).get("group")
+        if group and group not in where["groups"]:
+            logger = (yaml.safe_load((path.parent / "config.yaml").read_text()) or {}).get("logger") or {}
+            where.update(project=logger.get("project"), entity=logger.get("entity"))
+            where["groups"].append(group)
+    if not where["groups"]:
+        return None
+    (d / wandb_view.SPEC_FILE).write_text(json.dumps(wandb_view.tune_spec(knobs, objective, where), indent=1))
+    return d / wandb_view.SPEC_FILE
 
 
 def draw(d: Path, trials: List[Trial], front: List[Trial], budget: Optional[float], objective: str) -> Optional[str]:
@@ -190,7 +233,11 @@ def run(args, base: List[str]) -> int:
     if args.trials < 1 or args.confirm < 0:
         raise ConfigError(f"--trials {args.trials}, --confirm {args.confirm}: need --trials >= 1, --confirm >= 0")
     budget = args.mem_budget_gb * 1e9 if args.mem_budget_gb else None
+    given = base
+    if not any(o.startswith("logger.group=") for o in base):   # one W&B group for the trials of this tune
+        base = [*base, f"logger.group='tune-{args.dir.resolve().name}'"]
     prune_reason(base, None)   # the fixed overrides compose, before any trial (one line if not)
+    configs = trial_configs(space, base)
     args.dir.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{args.dir.resolve() / 'optuna.db'}",
                                 load_if_exists=True, direction=direction(args.objective),
@@ -199,27 +246,46 @@ def run(args, base: List[str]) -> int:
         if t.state == optuna.trial.TrialState.RUNNING:
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
     trials = recorded(study)
+    if allocation.allocates(configs) and not allocation.inside() and (args.confirm or left(trials, space, args)):
+        live = allocation.live_job(args.dir)
+        if live:
+            print(f"Slurm job {live} already runs this tune: following it", flush=True)
+            return allocation.follow(live, args.dir, allocation.largest(configs).launcher.cancel_unrunnable,
+                                     allocation.TUNE)
+        # one Slurm allocation for the whole tune: this same command is its driver inside it
+        return allocation.submit(args.dir, driver_command(args, given), configs, wait=not args.no_wait,
+                                 what=allocation.TUNE)
+    steps = Steps(configs if allocation.inside() else {})
     if trials:
         print(f"continuing the tune in {args.dir}: {len(trials)} trial(s) already done", flush=True)
-    while len(trials) < args.trials:
+    while left(trials, space, args):
         earlier = {" ".join(t.overrides): t for t in trials if t.state in ("complete", "pruned")}
-        trials.append(one_trial(study, space, base, args, budget, earlier))
-        if isinstance(study.sampler, optuna.samplers.GridSampler) and len({" ".join(t.overrides) for t in trials}) \
-                >= len(list(itertools.product(*space.values()))):
-            break   # the whole grid is done
+        trials.append(one_trial(study, space, base, args, budget, earlier, steps))
     winner, runner = best_two(trials, direction(args.objective) == "maximize")
-    confirmed = confirm(winner, runner, args) if args.confirm and winner and runner else None
+    confirmed = confirm(winner, runner, args, steps) if args.confirm and winner and runner else None
     write(args, trials, base, budget, confirmed)
-    return 0 if winner else 1
+    return allocation.finish(args.dir, 0 if winner else 1)
+
+
+def left(trials: List[Trial], space: Dict[str, List[str]], args) -> bool:
+    """Whether a trial is still to run: fewer than --trials, and (a grid: no more points than --trials) a point
+    not yet measured."""
+    if len(trials) >= args.trials:
+        return False
+    grid = grid_size(space)
+    return grid > args.trials or len({" ".join(t.overrides) for t in trials}) < grid
 
 
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    raise_on_sigterm()   # SIGTERM, like Ctrl-C, reaches the trial in progress (launcher/group.py)
     try:
         return run(parser().parse_args(argv), base)
     except AblateError as e:
         return exit_code_of(e, "ablate.tune")
+    except (KeyboardInterrupt, Interrupted) as e:
+        return exit_code_of(stopped_between(e, "the same command continues the tune"), "ablate.tune")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ dataclasses with string annotations look the module up.)
 
 import logging
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,9 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
+
+from ablate.config import RunStopped, exit_code_of
+from ablate.launcher import group
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class FreshProcessLauncher(Launcher):
             if sweep_config.launcher.name == "slurm":   # this point becomes a task of the sweep's job array
                 array_points.append(Path(str(sweep_config.hydra.sweep.dir)) / ".slurm_array" / f"{idx}.pkl")
                 env["ABLATE_SLURM_ARRAY"] = str(array_points[-1])
-            code = subprocess.call(command, env=env)
+            code = run_job(command, env, run_dir)
             basic = str(self.config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper")
             if code != 0 and basic:   # the job printed its own error line; stop as Hydra's basic launcher does
                 raise SystemExit(code)
@@ -77,6 +79,19 @@ class FreshProcessLauncher(Launcher):
         if array_points:
             submit_array(array_points, Path(str(self.config.hydra.sweep.dir)))
         return runs
+
+
+def run_job(command: List[str], env, run_dir: Path) -> int:
+    """One job in its own process group (ablate/launcher/group.py): Ctrl-C or SIGTERM to this parent is passed
+    on, the job checkpoints and ends, and the call stops in one line (exit 128 + the signal), never killing
+    the job mid-checkpoint (subprocess.call would) nor leaving it orphaned."""
+    group.raise_on_sigterm()
+    then = f"the jobs finished so far are kept; this job continues with train.resume={run_dir}"
+    try:
+        return group.run(command, env, then=then, on_terminal=True).returncode
+    except (RunStopped, KeyboardInterrupt, group.Interrupted) as e:   # (the last two: between jobs)
+        stop = e if isinstance(e, RunStopped) else group.stopped_between(e, then)
+        raise SystemExit(exit_code_of(stop, "ablate")) from None
 
 
 def job_result(code: int, run_dir: Path, cfg: DictConfig):

@@ -1,0 +1,73 @@
+"""What a checkpoint can become on resume: refused in one line before anything is written (compose), and
+checked again by each rank as it loads (train/trainer.py); what changes is recorded with the run."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ablate import parallel
+from ablate.config import ConfigError
+from ablate.train.checkpoint import check_complete, newest_whole, read_meta, resolve
+
+# what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
+FIXED = ("model", "precision.name", "optim.name", "optim._target_")
+CHANGEABLE = ("optim.lr", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.schedule", "optim.warmup_steps",
+              "optim.min_lr_ratio", "train.max_grad_norm",
+              # allowed, but the run is no longer the saved one's continuation: another data order, other shapes
+              "train.seed", "train.seq_len", "data.name", "data.path")
+
+
+def _flat(node, prefix="") -> Dict[str, object]:
+    out = {}
+    for k, v in (node or {}).items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, saved_world: Optional[int]) -> Dict:
+    """Refuse (one line) what a checkpoint cannot become; return {key: [saved, now]} of what changes."""
+    steps = now["train"]["steps"]
+    if steps <= step:
+        raise ConfigError(f"train.steps={steps}: the checkpoint is at step {step}; ask for more steps to continue "
+                          f"(e.g. train.steps={step + max(step, 10)})")
+    if not saved:
+        return {}
+    a, b = _flat(saved), _flat(now)
+    fixed = [k for k in sorted(set(a) | set(b)) if k.startswith(FIXED) and a.get(k) != b.get(k)]
+    was, now_ = (parallel.REGISTRY.get(a.get("parallel.name")), parallel.REGISTRY.get(b.get("parallel.name")))
+    if was is None or now_ is None or was.checkpoint != now_.checkpoint \
+            or (was.checkpoint_per_world and saved_world not in (None, world)):
+        fixed.append("parallel")
+    if fixed:
+        raise ConfigError(f"train.resume: the checkpoint cannot continue under "
+                          f"{', '.join(_change(k, a, b, saved_world, world) for k in fixed[:4])}; resume with the "
+                          "checkpoint's values, or start a new run")
+    changed = {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
+    batch = [_global_batch(a, saved_world or world), _global_batch(b, world)]
+    if batch[0] != batch[1]:   # more ranks (or another batch size): the same step now sees more sequences
+        changed["global_batch"] = batch
+    return changed
+
+
+def _change(key: str, a: Dict, b: Dict, saved_world: Optional[int], world: int) -> str:
+    if key == "parallel":   # the strategy, or the world a per-rank checkpoint was written for
+        return f"parallel={a.get('parallel.name')} on {saved_world} rank(s) -> {b.get('parallel.name')} on {world}"
+    return f"{key}={a.get(key)} -> {b.get(key)}"
+
+
+def _global_batch(flat: Dict[str, object], world: int) -> int:
+    """Sequences per optimizer step, from a flattened config (global_batch_size, when it set the per-rank
+    batch) and its world size."""
+    given = flat.get("train.global_batch_size")
+    if given:
+        return int(given)
+    return int(flat.get("train.batch_size") or 0) * int(flat.get("train.grad_accum") or 1) * world
+
+
+def check_resume(cfg, record: Dict) -> None:
+    """What a resume cannot become, refused before anything is written (each rank checks again as it loads):
+    judged on the newest checkpoint that is whole (a truncated latest falls back to the previous one)."""
+    path = resolve(cfg.train.resume)
+    if path is not None:
+        check_complete(path)
+        meta = read_meta(newest_whole(path))
+        check_resumable(meta.get("config"), record, meta["step"], cfg.launcher.world_size, meta.get("world_size"))

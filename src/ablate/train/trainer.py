@@ -1,0 +1,176 @@
+"""A rank's run, assembled: config -> ranks -> model/precision/strategy/data built once -> resume -> the loop
+(loop.py) -> figures at log steps -> summary. Runs on every rank; rank 0 writes the run directory.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from ablate import allocator, parallel
+from ablate import precision as precision_group
+from ablate.config import AblateConfig, RunStopped
+from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
+from ablate.dataloader import DeviceFeeder, build_loader
+from ablate.logger import Tracker
+from ablate.metrics import comm, host, steady
+from ablate.metrics.meter import Meter
+from ablate.metrics.profile import NOT_PROFILED
+from ablate.model import build as build_model
+from ablate.model import count_params
+from ablate.model.contract import vocab_size_of
+from ablate.model.facts import flop_model
+from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
+from ablate.train.loop import Loop
+
+FAILURES_DIR = ".failures"   # <run dir>/.failures/rank{N}.txt: each failing rank's own error, as it happened
+
+
+def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
+    """A precision or strategy this device cannot run: one ConfigError line, before any work."""
+    precision_group.check_hardware(cfg.precision, device)
+    parallel.check(cfg, device.type == "cuda")
+
+
+def build(cfg: AblateConfig, env: distributed.DistEnv):
+    """The model under the contract, its facts (summary.json's params, blocks, FLOPs' source) and the strategy."""
+    torch.manual_seed(cfg.train.seed)           # same initial weights on every rank
+    model = build_model(cfg.model, env.device)
+    facts = {"params": count_params(model.net, non_embedding=False), "params_non_embedding": count_params(model.net),
+             "blocks": model.blocks.record(), "vocab_size": vocab_size_of(model.net),
+             "flops": flop_model(cfg.model, cfg.train.seq_len, model.net)}
+    strategy = parallel.build(cfg.parallel, cfg.precision, model, cfg.train, cfg.optim, env.device, env.world_size)
+    return facts, strategy
+
+
+def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
+    """.failures/rank{N}.txt (an error) or stopped-rank{N}.txt (a stop on purpose, in its own words: no room,
+    non-finite training; a signal's stop is said by the launcher); a disk too full for the note goes without."""
+    if isinstance(e, RunStopped) and e.exit_code >= 128:
+        return
+    name, text = (f"stopped-rank{rank}.txt", str(e)) if isinstance(e, RunStopped) else \
+        (f"rank{rank}.txt", f"{type(e).__name__}: {e}")
+    try:
+        (run_dir / FAILURES_DIR).mkdir(parents=True, exist_ok=True)
+        (run_dir / FAILURES_DIR / name).write_text(text[:2000])
+    except OSError:
+        pass
+
+
+def profile_notes(profiler, strategy, env) -> Dict[str, str]:
+    """Why an overlap figure is absent, or what it cannot mean here."""
+    figures = profiler.figures()
+    notes = {k: NOT_PROFILED for k, v in figures.items() if v is None and profiler.result is None}
+    if profiler.result is not None and figures["comm_overlap_frac"] is None:
+        notes["comm_overlap_frac"] = "no communication in the traced steps"
+    if strategy.overlap_needs_streams and env.device.type != "cuda":
+        why = ("DeepSpeed's CPU accelerator has no streams: overlap_comm cannot hide communication here (the "
+               "figure is the engine's, on or off, not a result)")
+        notes.update(comm_overlap_frac=why, comm_exposed_s=why)
+    return notes
+
+
+def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
+    """train.resume, or this run dir's own checkpoint when a requeued Slurm job starts again."""
+    explicit = checkpoint.resolve(cfg.train.resume)
+    if explicit:
+        return explicit
+    own = run_dir / checkpoint.DIRNAME
+    return own if (own / "meta.pt").exists() and ranks.rank_env().slurm_job else None
+
+
+def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> Dict[str, object]:
+    """{step, wandb_id, totals, changed} from the checkpoint to continue, or a fresh start."""
+    path = resume_point(cfg, run_dir)
+    if path is None:
+        return {"step": 0, "wandb_id": None, "totals": None, "changed": {}}
+    meta = checkpoint.read_meta(checkpoint.newest_whole(path))
+    changed = resumable.check_resumable(meta.get("config"), resolved, meta["step"], env.world_size,
+                                         meta.get("world_size"))
+    meta = checkpoint.load(path, strategy, env)
+    strategy.apply_hyperparameters(cfg.optim)     # lr & co as this run asks, not as the checkpoint had them
+    return {"step": meta["step"], "wandb_id": meta.get("wandb_id"), "totals": meta.get("totals"),
+            "changed": changed, "from": str(meta["path"])}
+
+
+def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
+        applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
+    """Train on this rank; rank 0 returns the summary (other ranks return None)."""
+    env = distributed.setup(cfg.train.device, need_group=parallel.choice(cfg.parallel.name).needs_group)
+    route_library_logs(run_dir, env.rank)
+    clean = False
+    try:
+        check_runnable(cfg, env.device)
+        with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
+            facts, strategy = build(cfg, env)
+        resumed = resume(cfg, run_dir, resolved, strategy, env)
+        start_step = resumed["step"]
+        if env.is_main:
+            checkpoint.truncate_metrics(run_dir, start_step)
+        loader = build_loader(cfg.train, cfg.dataloader, cfg.data, facts["vocab_size"], env.rank, env.world_size,
+                              start_step * cfg.train.grad_accum, env.device)
+        feeder = DeviceFeeder(loader, cfg.dataloader, env.device)
+        meter = Meter(cfg, env, feeder, strategy, facts.pop("flops"), resumed["totals"])
+        tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, resumed["wandb_id"])
+        progress = StepProgress(cfg.train.steps, start_step, env.is_main)
+        loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved)
+        loop.saved_step = start_step or None
+        try:
+            loop.run(start_step)
+        except checkpoint.Preempted as stop:
+            tracker.close(exit_code=0)
+            progress.close()
+            distributed.teardown(clean=True)
+            loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
+            if loop.preemption.launcher_gone():   # the launcher that would say it is gone: rank 0 says it
+                if env.is_main:
+                    print(f"ablate: {signals.stopped(stop.signum, run_dir, signals.ORPHANED)}", file=sys.stderr,
+                          flush=True)
+            raise RunStopped(signals.stopped(stop.signum, run_dir),
+                                        exit_code=128 + stop.signum) from None
+        except BaseException:
+            tracker.close(exit_code=1)
+            raise
+        finally:
+            progress.close()
+            meter.close()
+            loop.profiler.close()
+            loop.preemption.restore()
+        summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record()}
+        per_rank = comm.all_gather_object(
+            {**distributed.place(env), "state_bytes": strategy.measured_state,
+             "comm_exposed_s": summary["comm_exposed_s"],
+             "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
+             **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
+             "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
+             **meter.host.rank_figures()},
+            env)
+        strategy.close()
+        if env.is_main:
+            summary.update({
+                "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
+                "resumed_from_step": start_step,
+                "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
+                **facts, "numerics": strategy.numerics,
+                "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
+                "slurm": ranks.slurm_job(),
+                "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
+                "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),
+                "env": applied_env,
+                "versions": provenance.versions(), "provenance": provenance.record(env.device),
+                "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
+                "notes": {**meter.notes, **profile_notes(loop.profiler, strategy, env),
+                          **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
+                "sweep": resolved.get("sweep") or {},
+            })
+            tracker.finish(summary)
+            print_summary(summary)
+        clean = True
+        return summary if env.is_main else None
+    except Exception as e:   # its own error, noted before the peers see the connection close (failures.py)
+        note_failure(run_dir, env.rank, e)
+        raise
+    finally:
+        distributed.teardown(clean)
