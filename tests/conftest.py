@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,17 @@ for _name in launcher_variables():
 register()
 # measured peaks (and the noise floor) go to a cache of the test session's own, never the user's
 os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
+
+
+def _sigint_as_a_terminal_leaves_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# Popen arguments for a command typed in a terminal, for the tests that press Ctrl-C: its own process group (the
+# terminal's Ctrl-C goes to the whole group) and SIGINT at its default, whatever this test run inherited (a suite
+# started with `&` from a script has SIGINT ignored, and an ignored signal stays ignored across exec: its
+# commands would then rightly ignore a Ctrl-C, as background jobs do).
+AS_TYPED_IN_A_TERMINAL = {"start_new_session": True, "preexec_fn": _sigint_as_a_terminal_leaves_it}
 
 
 def group_choices(group: str) -> List[str]:

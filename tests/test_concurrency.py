@@ -1,14 +1,17 @@
 """Safe under concurrency (#33): a run directory is claimed before anything is written into it, so of two
-runs started at once into one directory exactly one trains and the other touches nothing; two identical
-ablate.sweeps calls into one --dir: the second is refused while the first runs."""
+runs started at once into one directory exactly one trains and the other touches nothing; one sweep that a
+second identical call, a crash and a Ctrl-C cannot break; Ctrl-C to a `-m` call reaches its job."""
+import os
+import signal
 import subprocess
 import sys
 import time
+from typing import List
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import AS_TYPED_IN_A_TERMINAL, REPO
 
 
 @pytest.mark.slow
@@ -30,60 +33,79 @@ def test_two_runs_into_one_directory_one_trains_the_other_touches_nothing(tmp_pa
     assert (run_dir / "summary.json").exists()
 
 
-@pytest.mark.slow
-def test_a_second_identical_sweep_call_is_refused_while_the_first_runs(tmp_path):
-    """ablate.sweeps aa_noise twice into one --dir (~30 s): the second exits 2 in one line, the first's runs
-    all finish once."""
-    d = tmp_path / "D"
-    cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--dir", str(d), "--", "logger=none",
-           "train.steps=8", "metrics.gemm_probe_n=64"]
-    first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (d / ".ablate.lock").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 2 and "another ablate.sweeps call is running this sweep" in second.stderr
-    out, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-2000:]
-    assert "FAILED" not in out + err and "still running" not in out
-    assert len(list(d.rglob("summary.json"))) == 2
-
-
-def ctrl_c_once_training(cmd, d, logged: str) -> subprocess.Popen:
+def ctrl_c_once(cmd, ready) -> subprocess.Popen:
     """`cmd` started as a terminal would (its own process group), then Ctrl-C to that group (SIGINT to every
-    process in it) once a run under `d` has logged a step."""
-    import os
-    import signal
-
+    process in it) once `ready()`."""
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.time() + 300
-    while not list(d.glob(logged)):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
+                            **AS_TYPED_IN_A_TERMINAL)
+    wait_for(proc, ready)
     os.killpg(proc.pid, signal.SIGINT)
     return proc
 
 
-@pytest.mark.slow
-def test_ctrl_c_to_a_sweep_stops_its_run_and_the_same_command_finishes_it(tmp_path):
-    """Ctrl-C reaches the driver's process group (a terminal's): the run it started (in its own session) is
-    told to stop, the driver exits 130 in one line, nothing of the sweep is left, and the same command then
-    finishes the sweep (~60 s)."""
+def wait_for(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
 
+
+def processes_of(d) -> List[str]:
+    """Processes whose command line names `d` (this test's own: tests run side by side)."""
+    return subprocess.run(["pgrep", "-f", str(d)], capture_output=True, text=True).stdout.split()
+
+
+@pytest.mark.slow
+def test_a_sweep_survives_a_second_call_a_crash_and_ctrl_c_and_runs_nothing_twice(tmp_path):
+    """One sweep's story (#33), `ablate.sweeps aa_noise --repeats 2` (4 runs, ~2 min; three tests before):
+    - a second identical call while it runs is refused in one line (exit 2);
+    - kill -9 of the driver and its running child (a crash): the same command keeps the finished runs and
+      sets the broken one aside (never deleted);
+    - Ctrl-C to that call's process group (a terminal's) while it runs the broken run again: the run is told
+      to stop, the driver exits 130 in one line, no process of the sweep is left 15 s later;
+    - the same command then finishes the sweep and nothing finished runs twice; once more, it runs nothing;
+      a call with fewer repeats is refused."""
     d = tmp_path / "D"
     cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--repeats", "2", "--dir", str(d), "--",
-           "logger=none", "train.steps=60", "metrics.gemm_probe_n=64"]
-    driver = ctrl_c_once_training(cmd, d, "aa_noise/*/metrics.jsonl")
-    out, err = driver.communicate(timeout=300)
-    assert driver.returncode == 130, err[-2000:]
+           "logger=none", "train.steps=40", "metrics.gemm_probe_n=64"]
+    driver = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    wait_for(driver, lambda: (d / ".ablate.lock").exists())
+    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    refused = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(refused) == 1, second.stderr
+    assert "another ablate.sweeps call is running this sweep" in refused[0]
+
+    wait_for(driver, lambda: len(list(d.glob("aa_noise/*/summary.json"))) == 2
+             and list(d.glob("aa_noise/003_*/metrics.jsonl")))
+    child = subprocess.run(["pgrep", "-f", f"hydra.run.dir={d}.*003_r1"], capture_output=True,
+                           text=True).stdout.split()
+    os.kill(driver.pid, signal.SIGKILL)
+    for pid in child:                                   # the run, in a process group of its own
+        os.killpg(int(pid), signal.SIGKILL)
+    driver.wait()
+    finished = {p: p.stat().st_mtime for p in d.glob("aa_noise/*/summary.json")}
+    assert len(finished) == 2
+
+    again = ctrl_c_once(cmd, lambda: list(d.glob("aa_noise/003_*.incomplete-1"))   # set aside, run again
+                        and [p for p in d.glob("aa_noise/003_*/metrics.jsonl") if ".incomplete-" not in str(p)])
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ablate.sweeps: stopped by SIGINT")
+    assert out.count("finished in an earlier call: kept") == 2
     time.sleep(15)
-    left = subprocess.run(["pgrep", "-f", str(d)], capture_output=True, text=True).stdout.split()
-    assert not left, left
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert not processes_of(d), processes_of(d)
+
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FAILED" not in done.stdout + done.stderr and "still running" not in done.stdout
+    assert {p: p.stat().st_mtime for p in finished} == finished               # nothing finished ran twice
     assert len(list(d.glob("aa_noise/*/summary.json"))) == 4
+    assert list(d.glob("aa_noise/003_*.incomplete-1/metrics.jsonl"))         # the crashed one kept, aside
+    third = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0 and third.stdout.count("finished in an earlier call: kept") == 4
+    fewer = subprocess.run(cmd[:5] + ["1"] + cmd[6:], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert fewer.returncode == 2 and "holds another call's runs" in fewer.stderr
 
 
 @pytest.mark.slow
@@ -93,14 +115,13 @@ def test_ctrl_c_to_a_multirun_reaches_its_job_which_checkpoints(tmp_path):
     running (one 1-rank job stopped early, ~20 s)."""
 
     d = tmp_path / "grid"
-    parent = ctrl_c_once_training([sys.executable, "-m", "ablate", "-m", "train.seed=0,1", "train.steps=2000",
-                                   "train.log_every=5", "logger=none", "metrics.gemm_probe_n=64",
-                                   f"hydra.sweep.dir={d}"], d, "0_*/metrics.jsonl")
+    parent = ctrl_c_once([sys.executable, "-m", "ablate", "-m", "train.seed=0,1", "train.steps=2000",
+                          "train.log_every=5", "logger=none", "metrics.gemm_probe_n=64",
+                          f"hydra.sweep.dir={d}"], lambda: list(d.glob("0_*/metrics.jsonl")))
     _, err = parent.communicate(timeout=200)
     last = err.strip().splitlines()[-1]
     assert parent.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert last.startswith("ablate: stopped by SIGINT") and "continues with train.resume=" in last
     (job,) = d.glob("0_*")
     assert (job / "checkpoint" / "meta.pt").is_file() and not list(d.glob("1_*"))
-    left = subprocess.run(["pgrep", "-f", str(d)], capture_output=True, text=True).stdout.split()
-    assert not left, left
+    assert not processes_of(d), processes_of(d)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ablate.train import checkpoint, guards, manifest
-from conftest import REPO, main_in_process, read_jsonl, run_cli
+from conftest import AS_TYPED_IN_A_TERMINAL, REPO, main_in_process, read_jsonl, run_cli
 
 FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
 
@@ -236,7 +236,7 @@ def test_a_stop_signal_on_a_two_rank_run_checkpoints_once_and_says_so_in_one_lin
     proc = subprocess.Popen([sys.executable, "-m", "ablate", *FAST, "parallel=ddp", "launcher.nproc_per_node=2",
                              "train.steps=400", "dataloader.read_latency_ms=30", f"hydra.run.dir={run_dir}"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            **AS_TYPED_IN_A_TERMINAL)
     _until_logged(run_dir, proc)
     os.killpg(proc.pid, sig) if to_group else proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import slurm_cluster
-from conftest import REPO, read_jsonl, run_cli, run_module
+from conftest import AS_TYPED_IN_A_TERMINAL, REPO, read_jsonl, run_cli, run_module
 from planted import planted
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
@@ -118,7 +118,7 @@ def test_a_sweep_on_slurm_is_one_allocation_that_survives_its_time_limit_warning
             "train.steps=40", "train.log_every=5", "dataloader.read_latency_ms=10"]
     with open(said, "w") as out:
         first = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True, text=True,
+                                 stderr=subprocess.STDOUT, text=True, **AS_TYPED_IN_A_TERMINAL,
                                  env={**os.environ, "WANDB_MODE": "offline"})
     deadline = time.monotonic() + 240
     while not [p for p in sweep.glob("c3_no_sync/*/metrics.jsonl") if read_jsonl(p)]:   # a run is mid-way
