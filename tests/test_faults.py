@@ -3,6 +3,7 @@ the real wandb library (its helper process really killed), real mounts for read-
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -365,25 +366,42 @@ def test_killing_wandbs_helper_never_stops_training(tmp_path):
 
 
 RANK1_SHARD = {"zero3": "deepspeed/latest/zero_pp_rank_1_mp_rank_00_optim_states.pt", "fsdp2": "dcp/__1_0.distcp"}
+SHARDED = [*FAST, "launcher.nproc_per_node=2", "train.checkpoint_every=2"]
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    """A finished 2-rank run per sharded strategy (6 steps, a checkpoint every 2: latest at step 6, prev at 4),
+    trained once for the tests that damage it; each damages a copy of its own (so one 2-rank run per
+    strategy, ~20 s each, not one per test). A copied run dir resumes as the original would."""
+    trained = {}
+
+    def copy_for(strategy: str, tmp_path: Path) -> Path:
+        if strategy not in trained:
+            run = tmp_path_factory.mktemp(f"trained-{strategy}") / "run"
+            first = run_cli([*SHARDED, f"parallel={strategy}", "train.steps=6", f"hydra.run.dir={run}"])
+            assert first.returncode == 0, first.stderr[-2000:]
+            trained[strategy] = run
+        return Path(shutil.copytree(trained[strategy], tmp_path / "run"))
+    return copy_for
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sharded")   # the tests damaging copies of one trained run share it on one worker
 @pytest.mark.parametrize("strategy,manifests", [("zero3", False), ("fsdp2", True), ("fsdp2", False)],
                          ids=["zero3-without-manifests", "fsdp2", "fsdp2-without-manifests"])
 def test_a_shard_gone_from_the_latest_checkpoint_resumes_every_rank_from_the_previous(tmp_path, strategy,
-                                                                                     manifests):
+                                                                                     manifests, sharded_run):
     """One rank's shard removed from the latest checkpoint: every rank continues from the previous one (said
     once, with the reason), the damaged one is set aside, not rotated over the good one, and no step is
     logged twice."""
-    run = tmp_path / "run"
-    args = [*FAST, f"parallel={strategy}", "launcher.nproc_per_node=2", "train.checkpoint_every=2"]
-    first = run_cli([*args, "train.steps=6", f"hydra.run.dir={run}"])
-    assert first.returncode == 0, first.stderr[-2000:]
+    run = sharded_run(strategy, tmp_path)
     (run / "checkpoint" / RANK1_SHARD[strategy]).unlink()
     if not manifests:   # as an older ablate wrote them: then the library's own error says it
         for listing in run.glob("checkpoint*/manifest.json"):
             listing.unlink()
-    resumed = run_cli([*args, "train.steps=8", f"train.resume={run}", f"hydra.run.dir={run}"])
+    resumed = run_cli([*SHARDED, f"parallel={strategy}", "train.steps=8", f"train.resume={run}",
+                       f"hydra.run.dir={run}"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     warned = [ln for ln in resumed.stderr.splitlines() if "warning: resuming from" in ln]
     # without manifests: zero names this rank's missing file before any rank loads (one rank failing DeepSpeed's
@@ -401,19 +419,17 @@ def test_a_shard_gone_from_the_latest_checkpoint_resumes_every_rank_from_the_pre
 
 
 @pytest.mark.slow
-def test_no_complete_checkpoint_is_refused_in_one_line_before_any_rank_starts(tmp_path):
+@pytest.mark.xdist_group("sharded")
+def test_no_complete_checkpoint_is_refused_in_one_line_before_any_rank_starts(tmp_path, sharded_run):
     """zero3 on 2 ranks, a model shard gone from both checkpoints: exit 2, one line naming the missing
     file, and the run dir as it was."""
-    args = [*FAST, "parallel=zero3", "launcher.nproc_per_node=2"]
-    run = tmp_path / "a"
-    first = run_cli([*args, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={run}"])
-    assert first.returncode == 0, first.stderr[-2000:]
+    run = sharded_run("zero3", tmp_path)
     shards = list(run.glob("checkpoint*/deepspeed/latest/*model_states.pt"))
     assert len(shards) == 4
     for shard in shards:
         shard.unlink()
     before = _files(run)
-    result = run_cli([*args, "train.steps=8", f"train.resume={run}", f"hydra.run.dir={run}"])
+    result = run_cli([*SHARDED, "parallel=zero3", "train.steps=8", f"train.resume={run}", f"hydra.run.dir={run}"])
     assert result.returncode == 2
     line = one_line(result)
     assert "no complete checkpoint" in line and "model_states.pt is missing" in line

@@ -109,3 +109,17 @@ def test_planner_prints_the_article_figure():
     assert p["world_size"] == 64
     assert p["article_total"] == 840e9 and round(p["article"].total / 1e9, 1) == 13.1
     assert p["zero_paper_total"] == 1120e9 and round(p["zero_paper"].total / 1e9, 1) == 17.5
+
+
+def test_deepspeed_starts_on_a_cpu_without_compiling_its_inference_kernel(monkeypatch):
+    """In process (~2 s: importing DeepSpeed). Its CPU backend would compile the shared-memory all-reduce
+    that only inference calls (30-45 s on a machine that has not built it); the zero strategy skips it, and
+    the zero runs above train through torch.distributed without it."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.comm.torch import build_shm_op
+
+    from ablate.parallel.zero import skip_shared_memory_allreduce
+
+    skip_shared_memory_allreduce(deepspeed)
+    assert build_shm_op() is None

@@ -108,6 +108,10 @@ def test_every_documented_command_runs_as_typed(source, line, expected, user):
         assert (run_dir / "summary.json").exists(), shown
     if line.startswith("python -m ablate -m "):
         assert len(run_dirs(done.stderr)) == 4, shown
+    if line.startswith("python -m ablate.tune ") and "--confirm 3" in line:   # the suite's one confirmed tune
+        out = user[0] / line.split("--dir ")[1].split()[0]
+        assert "**Confirmed** (3 more runs each): " in (out / "report.md").read_text()   # its verdict: the host's
+        assert len(list(out.glob("confirm/*/summary.json"))) == 6
     if line == "python -m ablate precision=bf16 parallel=zero3":
         summary = json.loads((run_dirs(done.stderr)[0] / "summary.json").read_text())
         assert summary["numerics"]["compute_dtype"] == "bfloat16" and summary["per_rank"][0]["rank"] == 0

@@ -1,8 +1,8 @@
 """ablate.tune and the objective a -m job returns: the space, pruning, the Pareto front and the verdict in
-process; one real tune (2 runs pruned around, continued, then confirmed: ~60 s)."""
+process; one real tune (2 runs, one trial pruned, continued: ~30 s). The README's own tune, typed by
+test_readme.py, is the one confirmed (its best two run 3 more times each)."""
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
@@ -84,13 +84,13 @@ def test_a_multirun_job_returns_its_objective(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tune_prunes_runs_continues_and_confirms(tmp_path):
+def test_a_tune_prunes_runs_and_continues(tmp_path):
     d = tmp_path / "tune"
     common = ["--space", "train.batch_size=2,4,4096", "--mem-budget-gb", "1", "--dir", str(d), "--", "logger=none",
               "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=128"]
     first = run_module("ablate.tune", ["--trials", "2", *common])
     assert first.returncode in (0, 1), first.stderr[-2000:]   # 1: both trials pruned or failed (no winner)
-    second = run_module("ablate.tune", ["--trials", "3", "--confirm", "3", *common])
+    second = run_module("ablate.tune", ["--trials", "3", *common])
     assert second.returncode == 0, second.stderr[-3000:]
     assert "continuing the tune" in second.stdout
     rows = list(csv.DictReader((d / "tune.csv").open()))
@@ -100,10 +100,7 @@ def test_a_tune_prunes_runs_continues_and_confirms(tmp_path):
     assert "over the 1.0 GB budget" in next(r["reason"] for r in rows if r["state"] == "pruned")
     best = (d / "best.yaml").read_text().split()
     assert best[-1] in ("train.batch_size=2", "train.batch_size=4") and "logger=none" in best
-    report = (d / "report.md").read_text()
-    assert "**Confirmed** (3 more runs each): " in report   # the verdict itself is this host's noise
-    assert (d / "tune.png").exists() and (d / "optuna.db").exists()
-    assert len(list(Path(d, "confirm").glob("*/summary.json"))) == 6
+    assert (d / "report.md").exists() and (d / "tune.png").exists() and (d / "optuna.db").exists()
 
 
 def test_trials_logged_to_wandb_get_a_parallel_coordinates_workspace(tmp_path):   # in process, ~1 s

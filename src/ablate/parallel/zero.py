@@ -84,6 +84,15 @@ def deepspeed_loss_scale(optimizer) -> Optional[float]:
     return float(scaler.cur_scale) if scaler is not None else None
 
 
+def skip_shared_memory_allreduce(deepspeed) -> None:
+    """DeepSpeed's CPU backend compiles its shared-memory all-reduce (deepspeed_shm_comm, C++ with OpenMP) when
+    its process group starts: 30-45 s on a machine (and venv) that has not built it, and a kernel only
+    `inference_all_reduce` calls; training's collectives go through torch.distributed (gloo here). Marked
+    incompatible (DeepSpeed keeps the probe's dict for such edits: deepspeed/ops/__init__.py), the backend
+    starts without it (deepspeed/comm/torch.py `build_shm_op`)."""
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 class Zero(Strategy):
     """The Strategy interface over a DeepSpeed engine (it owns backward, accumulation and the step)."""
 
@@ -96,6 +105,9 @@ class Zero(Strategy):
         if device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")      # said, not guessed: no detection warning
         import deepspeed
+
+        if device.type == "cpu":
+            skip_shared_memory_allreduce(deepspeed)
 
         self.train, self.precision, self.device = train, precision, device
         self.config = ds_config(parallel, train, precision, world_size)
