@@ -19,12 +19,64 @@ def test_the_space_and_the_direction():
     assert direction("tokens_per_s") == "maximize" and direction("step_time_s") == "minimize"
 
 
+def test_the_space_takes_several_knobs_per_flag_and_refuses_a_key_no_config_has(tmp_path):
+    """In process (~1 s): `--space K=V1,V2 K=V1,V2 --space K=V1,V2` (the issue's form and the README's) is one
+    space; a key the config does not have is one line before anything is written."""
+    from ablate.tune.__main__ import parser, run
+
+    args = parser().parse_args(["--space", "parallel=ddp,zero2", "precision=fp32,bf16", "--space",
+                                "train.batch_size=2,4", "--dir", str(tmp_path / "D")])
+    assert parse_space(args.space) == {"parallel": ["ddp", "zero2"], "precision": ["fp32", "bf16"],
+                                       "train.batch_size": ["2", "4"]}
+    args = parser().parse_args(["--space", "train.micro_batch=2,4", "--dir", str(tmp_path / "D")])
+    with pytest.raises(ConfigError, match="Could not override 'train.micro_batch'"):
+        run(args, ["logger=none"])
+    assert not (tmp_path / "D").exists()
+
+
+def test_fixed_overrides_are_judged_with_each_point_not_alone(tmp_path, monkeypatch):
+    """In process (~2 s): `-- launcher.nproc_per_node=2` alone is parallel=none on 2 ranks (refused), but every
+    point of `--space parallel=ddp,zero2` makes it a valid run: the tune starts its first trial."""
+    from ablate.tune import __main__ as tune_main
+
+    class FirstTrial(Exception):
+        pass
+
+    def first_trial(*args, **kwargs):
+        raise FirstTrial
+
+    monkeypatch.setattr(tune_main, "one_trial", first_trial)
+    args = tune_main.parser().parse_args(["--space", "parallel=ddp,zero2", "--dir", str(tmp_path / "D")])
+    with pytest.raises(FirstTrial):
+        tune_main.run(args, ["launcher.nproc_per_node=2", "logger=none"])
+
+
 def test_pareto_front_and_best_two_by_hand():
     trials = [Trial(0, ["a"], objective=100.0, mem_peak_bytes=1e9), Trial(1, ["b"], objective=150.0,
               mem_peak_bytes=2e9), Trial(2, ["c"], objective=90.0, mem_peak_bytes=1.5e9),
               Trial(3, ["d"], state="pruned")]
     assert [t.number for t in pareto(trials, maximise=True)] == [0, 1]   # 2 is slower and larger than 0
     assert [t.number for t in best_two(trials, maximise=True)] == [1, 0]
+    again = Trial(4, ["b"], objective=150.0, mem_peak_bytes=2e9, reason="the same point as trial 1")   # one config
+    assert [t.number for t in best_two([*trials, again], maximise=True)] == [1, 0]
+    assert best_two([trials[1], again], maximise=True)[1] is None
+    assert [t.number for t in pareto([*trials, again], maximise=True)] == [0, 1]
+
+
+def test_a_point_asked_again_is_free_and_the_tune_measures_trials_distinct_points():
+    """In process (~0 s): --trials counts distinct points (TPE may ask again for a measured one), bounded by the
+    space's size and by ASKS_PER_TRIAL asks per trial."""
+    from types import SimpleNamespace
+
+    from ablate.tune.__main__ import ASKS_PER_TRIAL, left
+
+    space, args = {"a": ["1", "2"], "b": ["1", "2", "3"]}, SimpleNamespace(trials=3)
+    asked = [Trial(0, ["a=1", "b=1"]), Trial(1, ["a=1", "b=1"]), Trial(2, ["a=2", "b=1"])]
+    assert left(asked, space, args)                                       # 2 distinct of 3
+    assert not left([*asked, Trial(3, ["a=2", "b=3"])], space, args)      # 3 distinct
+    assert not left([Trial(n, ["a=1", "b=1"]) for n in range(ASKS_PER_TRIAL * 3)], space, args)
+    assert not left([Trial(n, [f"a={a}", f"b={b}"]) for n, (a, b) in enumerate([(1, 1), (1, 2), (2, 1), (2, 2),
+                     (1, 3), (2, 3)])], space, SimpleNamespace(trials=12))   # the whole space measured
 
 
 def test_what_cannot_fit_is_pruned_before_it_runs():

@@ -202,7 +202,10 @@ def checked(combos: List[List[str]]) -> List[AblateConfig]:
     must hold its largest run)."""
     register()
     with hydra_context():
-        return [validate(compose("config", overrides=_config_keys(combo))) for combo in combos]
+        try:
+            return [validate(compose("config", overrides=_config_keys(combo))) for combo in combos]
+        except USER_ERRORS as e:   # a key no config has (a tune's --space, a sweep's grid): one line
+            raise _one_line(e) from None
 
 
 def config_of(argv: List[str]) -> Tuple[DictConfig, AblateConfig, Dict[str, str]]:

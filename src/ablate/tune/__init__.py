@@ -109,8 +109,12 @@ def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[flo
 
 
 def pareto(trials: List[Trial], maximise: bool) -> List[Trial]:
-    """The completed trials no other beats on both the objective and peak memory."""
-    done = [t for t in trials if t.state == "complete" and t.objective is not None and t.mem_peak_bytes is not None]
+    """The completed trials no other beats on both the objective and peak memory (a point asked again: once)."""
+    first = {}
+    for t in trials:
+        if t.state == "complete" and t.objective is not None and t.mem_peak_bytes is not None:
+            first.setdefault(tuple(t.overrides), t)
+    done = list(first.values())
     better = (lambda a, b: a > b) if maximise else (lambda a, b: a < b)   # noqa: E731
 
     def dominated(t: Trial) -> bool:
@@ -122,6 +126,11 @@ def pareto(trials: List[Trial], maximise: bool) -> List[Trial]:
 
 
 def best_two(trials: List[Trial], maximise: bool) -> Tuple[Optional[Trial], Optional[Trial]]:
+    """The best trial and the best of another configuration (a point the sampler asked twice is one
+    configuration: never its own runner-up)."""
     done = sorted((t for t in trials if t.state == "complete" and t.objective is not None),
                   key=lambda t: t.objective, reverse=maximise)
-    return (done[0] if done else None), (done[1] if len(done) > 1 else None)
+    if not done:
+        return None, None
+    others = [t for t in done if t.overrides != done[0].overrides]
+    return done[0], (others[0] if others else None)

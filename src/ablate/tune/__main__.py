@@ -36,11 +36,13 @@ STUDY = "ablate-tune"
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ablate.tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--space", action="append", default=[], metavar="KEY=V1,V2", help="a knob and its choices "
-                   "(any group or key: parallel=ddp,fsdp2, train.batch_size=8,16, precision=fp32,bf16)")
+    p.add_argument("--space", action="extend", nargs="+", default=[], metavar="KEY=V1,V2", help="knobs and their "
+                   "choices, one flag or several (any group or key: --space parallel=ddp,fsdp2 "
+                   "train.batch_size=8,16 --space precision=fp32,bf16)")
     p.add_argument("--objective", default="tokens_per_s", help="a summary.json figure (default tokens_per_s; "
                    "step times and memory are minimised, the rest maximised)")
-    p.add_argument("--trials", type=int, default=12, help="trials in all, pruned ones included (default 12)")
+    p.add_argument("--trials", type=int, default=12, help="distinct points to measure, pruned ones included; "
+                   "a point the sampler asks for again reuses its figures (default 12)")
     p.add_argument("--mem-budget-gb", type=float, help="prune what the planner says cannot fit, per rank")
     p.add_argument("--confirm", type=int, default=0, metavar="R", help="run the best two R more times each, "
                    "interleaved, and say whether the winner beats the runner-up")
@@ -236,8 +238,7 @@ def run(args, base: List[str]) -> int:
     given = base
     if not any(o.startswith("logger.group=") for o in base):   # one W&B group for the trials of this tune
         base = [*base, f"logger.group='tune-{args.dir.resolve().name}'"]
-    prune_reason(base, None)   # the fixed overrides compose, before any trial (one line if not)
-    configs = trial_configs(space, base)
+    configs = trial_configs(space, base)   # every point composed with the fixed overrides: one line if one cannot
     args.dir.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{args.dir.resolve() / 'optuna.db'}",
                                 load_if_exists=True, direction=direction(args.objective),
@@ -267,13 +268,15 @@ def run(args, base: List[str]) -> int:
     return allocation.finish(args.dir, 0 if winner else 1)
 
 
+ASKS_PER_TRIAL = 10   # TPE may ask again for a point already measured (free: its figures are reused): bounded
+
+
 def left(trials: List[Trial], space: Dict[str, List[str]], args) -> bool:
-    """Whether a trial is still to run: fewer than --trials, and (a grid: no more points than --trials) a point
-    not yet measured."""
-    if len(trials) >= args.trials:
-        return False
-    grid = grid_size(space)
-    return grid > args.trials or len({" ".join(t.overrides) for t in trials}) < grid
+    """Whether a trial is still to run: fewer than --trials distinct points measured, a point of the space not
+    yet measured, and (a sampler asking again and again for measured points) fewer than ASKS_PER_TRIAL asks
+    per trial."""
+    measured = len({" ".join(t.overrides) for t in trials})
+    return measured < min(args.trials, grid_size(space)) and len(trials) < ASKS_PER_TRIAL * args.trials
 
 
 def main(argv: List[str] = None) -> int:
