@@ -120,6 +120,16 @@ def no_rank_variables_leak():
     assert not leaked, f"the test left launcher variables in the environment: {leaked}"
 
 
+@pytest.fixture(autouse=True)
+def no_wandb_service_shared():
+    """A test that runs W&B in this process leaves W&B's service running and its address in WANDB_SERVICE
+    (W&B saves it for child processes): every later `python -m ablate` of this worker would then log through
+    that service instead of starting its own wandb-core, as no user's shell does (seen: the helper-kill test
+    found no helper to kill). Each test starts without it."""
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
 # The few steps every strategy x precision run takes, shared by the parity tests and the choice matrix so
 # that each (parallel, precision, ranks, extras) trains once per test session.
 RUN_COMMON = ["logger=none", "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=128"]
