@@ -39,9 +39,12 @@ def stop():
     subprocess.run(["bash", str(REPO / "slurm" / "stop_local.sh")], env=SYSTEM_PATH, capture_output=True, timeout=180)
 
 
-def job_id(run_dir: Path) -> str:
-    for _ in range(100):
-        ids = [p.name for p in (run_dir / "slurm").glob("[0-9]*")]
+def job_id(run_dir: Path, timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        # the job's own folder (submitit's %j), not its submission pickle, whose random hex name can start
+        # with a digit too (seen: "5415...d5678.pkl" taken for a job id, and scancel refused it)
+        ids = [p.name for p in (run_dir / "slurm").glob("[0-9]*") if p.is_dir() and p.name.isdigit()]
         if ids:
             return ids[0]
         time.sleep(0.2)

@@ -297,6 +297,37 @@ def test_the_ranks_agree_their_launcher_is_gone_when_only_a_peer_saw_it_first(mo
             signal.signal(sig, handler)
 
 
+def test_a_dying_launchers_late_sigint_is_nobodys_second_ctrl_c(monkeypatch):
+    """Logic, in process (~0.1 s): /proc tells a live process from one going down (an unreaped child: a zombie),
+    and a SIGINT more than 2 s after the first, while the launcher is going down but still this rank's parent
+    (a loaded host takes its threads down one by one, the kernel sends a SIGINT for each), is not a second
+    Ctrl-C: it must not raise KeyboardInterrupt, which torch's spawn swallows, so that rank 0 would leave
+    without saying its launcher was killed (CI, 1 run in about 10 under load)."""
+    from ablate.train import signals
+    assert not signals.exiting(os.getpid()) and not signals.exiting(None)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while not signals.exiting(child.pid):          # exited, not reaped: a zombie
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child.wait()
+    assert signals.exiting(child.pid)              # reaped: no such process
+    monkeypatch.setattr(signals, "rank_env", lambda: type("Env", (), {"elastic": True, "in_slurm": False})())
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rank = signals.Preemption(world_size=1)
+        rank._flag(signal.SIGINT, None)
+        rank.first_at -= signals.REPEAT_WINDOW_S + 1
+        monkeypatch.setattr(signals, "exiting", lambda pid: True)
+        rank._flag(signal.SIGINT, None)            # the dying launcher's late copy: no KeyboardInterrupt
+        monkeypatch.setattr(signals, "exiting", lambda pid: False)
+        with pytest.raises(KeyboardInterrupt):     # a live launcher: a deliberate second Ctrl-C stops now
+            rank._flag(signal.SIGINT, None)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def _two_ranks_resume_with_every_step_once(run_dir: Path) -> None:
     step = torch.load(run_dir / "checkpoint" / "meta.pt", weights_only=True)["step"]
     resumed = run_cli([*FAST, "parallel=ddp", "launcher.nproc_per_node=2", f"train.steps={step + 4}",

@@ -27,6 +27,29 @@ def stopped(signum: int, run_dir: Path, cause: str = "") -> str:
 
 
 ORPHANED = "the launching process was killed (its ranks stopped by themselves)"
+PF_EXITING = 0x4   # a task's flag while it is being shut down (include/linux/sched.h)
+
+
+def exiting(pid: Optional[int]) -> bool:
+    """Whether a thread of process `pid` is going down (kill -9 takes a process's threads down one by one; its
+    children see it as their parent until the last is gone). Linux's /proc; elsewhere, and for None, False."""
+    if not pid:
+        return False
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()   # (after the command name, which may hold spaces)
+        except FileNotFoundError:
+            continue    # a thread that ended between the listing and the read
+        if fields[0] in ("Z", "X", "x") or int(fields[6]) & PF_EXITING:
+            return True
+    return False
 
 # One Ctrl-C reaches a rank of a local multi-rank run twice: from the terminal (the whole process group)
 # and from the launcher, which forwards what it got. Copies this close together are one request.
@@ -60,15 +83,24 @@ class Preemption:
         if self.signum is None:
             self.signum, self.first_at = signum, time.monotonic()
         elif signum == signal.SIGINT and time.monotonic() - self.first_at > REPEAT_WINDOW_S \
-                and not self.launcher_gone():   # (a dead launcher's late copy is nobody's second Ctrl-C)
+                and not self.launcher_gone() and not exiting(self.parent):
+            # (a dying launcher's late copy is nobody's second Ctrl-C: torch's spawn leaves a rank silently
+            # on a KeyboardInterrupt, and rank 0 would never say that its launcher was killed)
             raise KeyboardInterrupt   # a second, deliberate Ctrl-C: stop now
 
-    def launcher_gone(self) -> bool:
+    def launcher_gone(self, settle_s: float = 0) -> bool:
         """Whether the local launcher that started this rank is gone. torch's spawn asks the kernel for SIGINT
         when it dies (PR_SET_PDEATHSIG), once per launcher thread that exits: the first copy can arrive while
-        this rank's parent is still a dying thread of it, so the parent is looked at again whenever asked."""
+        this rank's parent is still a dying thread of it, so the parent is looked at again whenever asked.
+        `settle_s`: a launcher seen exiting is given that long to be gone (a loaded host can take seconds to
+        take down a killed process's threads; meanwhile getppid still names it)."""
         if self.parent and os.getppid() != self.parent:
             self.orphaned = True
+        elif self.parent and settle_s and exiting(self.parent):
+            deadline = time.monotonic() + settle_s
+            while os.getppid() == self.parent and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.orphaned = os.getppid() != self.parent
         return self.orphaned
 
     def due(self) -> bool:

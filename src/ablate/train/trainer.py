@@ -124,7 +124,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             progress.close()
             distributed.teardown(clean=True)
             loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
-            if loop.preemption.launcher_gone():   # the launcher that would say it is gone: rank 0 says it
+            if loop.preemption.launcher_gone(settle_s=5):   # the launcher that would say it is gone: rank 0 does
                 if env.is_main:
                     print(f"ablate: {signals.stopped(stop.signum, run_dir, signals.ORPHANED)}", file=sys.stderr,
                           flush=True)
