@@ -2,6 +2,7 @@
 every parallel x precision choice, on one process and on 2 local ranks, either trains a few steps or is
 refused in one line before anything starts. The decision is the preflight's (what `python -m ablate`
 runs first); each distinct refusal is also typed on the command line: exit 2, that line, no run dir."""
+import functools
 import math
 
 import pytest
@@ -19,6 +20,7 @@ def overrides(par: str, prec: str, ranks: int):
     return [f"parallel={par}", f"precision={prec}", f"launcher.nproc_per_node={ranks}"]
 
 
+@functools.lru_cache(maxsize=None)   # each case's preflight (two Hydra composes, ~0.3 s) once per worker, not twice
 def refusal(par: str, prec: str, ranks: int):
     """None when this machine runs the combination, else the one-line reason the preflight gives."""
     try:
