@@ -107,13 +107,14 @@ def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path):
 
 
 def test_a_sweep_on_slurm_is_one_allocation_that_survives_its_time_limit_warning_and_runs_nothing_twice(tmp_path):
-    """#24, one allocation for both stories (~3 min quiet, ~5 under the suite's load; they were two tests of 6
-    and 7): `python -m ablate.sweeps c3_no_sync --dir D -- launcher=slurm launcher.nodes=2 ...` is one job whose
-    2 runs are job steps, each on both nodes (one run per arm: the requeue story needs no interval; with
-    --repeats 2 it was 4 runs and 492 s of the Slurm worker in the last CI). USR2 to its batch shell (what `--signal=B:USR2@T` sends before the limit): the
-    driver passes it to the running step (its ranks checkpoint and stop) and requeues the job. Ctrl-C while the
-    command waits stops the waiting, not the sweep; the same call then follows that job (no second one) to its
-    report, the stopped run set aside and run again; once every run finished, the same call runs nothing."""
+    """#24, one allocation for both stories (~2 min quiet; they were two tests of 6 and 7 min): `python -m
+    ablate.sweeps c3_no_sync --dir D -- launcher=slurm launcher.nodes=2 ...` is one job whose 2 runs are job
+    steps, each on both nodes (one run per arm: the requeue story needs no interval; with --repeats 2 it was 4
+    runs, 380-492 s of the Slurm worker in CI). USR2 to its batch shell (what `--signal=B:USR2@T` sends before
+    the limit): the driver passes it to the running step (its ranks checkpoint and stop) and requeues the job.
+    Ctrl-C while the command waits stops the waiting, not the sweep; the same call then follows that job (no
+    second one) to its report, the stopped run set aside and run again; once every run finished, the same call
+    runs nothing."""
     sweep, said = tmp_path / "D", tmp_path / "first.txt"
     args = ["c3_no_sync", "--dir", str(sweep), "--", *TWO_NODES, "launcher.timeout_min=15",
             "train.steps=40", "train.log_every=5", "dataloader.read_latency_ms=10"]
