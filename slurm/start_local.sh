@@ -162,6 +162,9 @@ SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
+# a loaded host (tests on every core) can take past the 60 s default to reap a killed step, and Slurm
+# then drains the node ("Kill task failed") and every later job waits for it
+UnkillableStepTimeout=180
 InactiveLimit=0
 MinJobAge=300
 StateSaveLocation=$ROOT/state/ctld

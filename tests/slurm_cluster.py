@@ -52,7 +52,8 @@ def job_id(run_dir: Path, timeout_s: float = 120) -> str:
 
 
 def submit_and_wait_for_metrics(job_args, steps: int, run_dir: Path):
-    """Submit a slow job without waiting, then wait until it has logged: (job id, metrics file, deadline)."""
+    """Submit a slow job without waiting, then wait until it has logged: (job id, metrics file, deadline).
+    A job that never logs fails here, with its story, rather than being signalled before its handlers are in."""
     result = run_cli([*job_args, "launcher.wait=false", f"train.steps={steps}", "train.log_every=5",
                       "dataloader.read_latency_ms=80", f"hydra.run.dir={run_dir}"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -61,14 +62,41 @@ def submit_and_wait_for_metrics(job_args, steps: int, run_dir: Path):
     deadline = time.monotonic() + 120
     while not (metrics.exists() and read_jsonl(metrics)) and time.monotonic() < deadline:
         time.sleep(0.3)
+    assert metrics.exists() and read_jsonl(metrics), f"job {job} logged nothing in 120 s\n{story(job, run_dir)}"
     return job, metrics, deadline
 
 
+def release_requeue_hold(job: str) -> None:
+    """Slurm holds a requeued job ~2 min (BeginTime), and holds one whose launch failed: release it now."""
+    state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    if state == "PENDING":
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        subprocess.run(["scontrol", "release", job], capture_output=True)
+
+
 def wait_releasing_requeue_holds(job: str, run_dir: Path, deadline: float) -> dict:
-    """Wait for the run's summary; Slurm holds a requeued job ~2 min (BeginTime): release it at once."""
+    """Wait for the run's summary, releasing the requeued job's holds; no summary in time: the job's story."""
     while not (run_dir / "summary.json").exists() and time.monotonic() < deadline:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
-        if state == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        release_requeue_hold(job)
         time.sleep(1)
+    assert (run_dir / "summary.json").exists(), f"job {job} wrote no summary in time\n{story(job, run_dir)}"
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def story(job: str, run_dir: Path) -> str:
+    """What a failed Slurm test needs to be understood after the cluster is gone (CI purges it): the job's
+    record, the nodes' states and reasons (a node drained by a step it could not kill), the tasks' last lines."""
+    asked = [["scontrol", "show", "job", job], ["sinfo", "-N", "-o", "%N %T %E"],
+             ["sacct", "-j", job, "-X", "-n", "-D", "-o", "JobID,State,ExitCode,Reason%40,NodeList"]]
+    parts = [f"$ {' '.join(a)}\n{_output(a)}" for a in asked]
+    for log in sorted(p for p in (run_dir / "slurm").glob("**/*") if p.suffix in (".out", ".err")):
+        parts.append(f"--- {log.relative_to(run_dir)} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+    return "\n".join(parts)
+
+
+def _output(command: list) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        return (done.stdout + done.stderr).strip()[-2000:]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"({e})"

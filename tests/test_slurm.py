@@ -11,7 +11,7 @@ import pytest
 import slurm_cluster
 from conftest import REPO, read_jsonl, run_cli, run_module
 from planted import planted
-from slurm_cluster import job_id, submit_and_wait_for_metrics, wait_releasing_requeue_holds
+from slurm_cluster import job_id, release_requeue_hold, story, submit_and_wait_for_metrics, wait_releasing_requeue_holds
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
 LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
@@ -108,7 +108,7 @@ def test_sigterm_to_every_process_of_a_job_with_wandb_on_loses_nothing(tmp_path)
     while not (tmp_path / "summary.json").exists() and time.monotonic() < deadline + 240:
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
         if state == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+            release_requeue_hold(job)
         elif not state and time.monotonic() - last_requeue > 5 and requeues < 5:
             # out of the queue: requeue it, as a preempting scheduler would. Slurm kills a restart that comes
             # within moments of the end ("Job credential revoked"), so let it settle and try again if needed
@@ -118,6 +118,7 @@ def test_sigterm_to_every_process_of_a_job_with_wandb_on_loses_nothing(tmp_path)
         time.sleep(1)
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "slurm").rglob("*_log.*"))
     assert "Traceback" not in logs, logs[-3000:]
+    assert (tmp_path / "summary.json").exists(), f"no summary after requeues\n{story(job, tmp_path)}"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["step"] for r in read_jsonl(metrics)] == list(range(5, steps + 1, 5))
     assert 0 < summary["resumed_from_step"] < steps

@@ -136,7 +136,10 @@ def test_a_sweep_on_slurm_is_one_allocation_that_survives_its_time_limit_warning
     with open(tmp_path / "second.txt", "w") as second:
         again = subprocess.Popen([sys.executable, "-m", "ablate.sweeps", *args], cwd=REPO, text=True, stdout=second,
                                  stderr=subprocess.STDOUT, env={**os.environ, "WANDB_MODE": "offline"})
-    _release_requeue_holds(job, again, deadline + 720)
+    while again.poll() is None:   # following the requeued job, held ~2 min by Slurm unless released
+        assert time.monotonic() < deadline + 720, f"the sweep did not end\n{slurm_cluster.story(job, sweep)}"
+        slurm_cluster.release_requeue_hold(job)
+        time.sleep(1)
     out = (tmp_path / "second.txt").read_text()
     assert again.returncode == 0, out[-3000:]
     assert "already runs this sweep: following it" in out and "submitted" not in out
@@ -151,12 +154,3 @@ def test_a_sweep_on_slurm_is_one_allocation_that_survives_its_time_limit_warning
     assert third.returncode == 0, third.stderr[-3000:]
     assert "submitted" not in third.stdout and third.stdout.count("finished in an earlier call: kept") == 2
 
-
-def _release_requeue_holds(job: str, waiting, deadline: float) -> None:
-    """Slurm holds a requeued job ~2 min (BeginTime): released at once while `waiting` follows it."""
-    while waiting.poll() is None:
-        assert time.monotonic() < deadline, "the sweep did not end"
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
-        if state == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
-        time.sleep(1)
