@@ -328,6 +328,36 @@ def test_a_dying_launchers_late_sigint_is_nobodys_second_ctrl_c(monkeypatch):
             signal.signal(sig, handler)
 
 
+def test_a_rank_knows_its_launcher_by_pid_and_start_time_not_by_its_parent():
+    """Logic, in process (~0.2 s): our ranks are forked by a fork server, so their launcher is named by pid, and
+    by start time against a reused pid. A launcher that ended is gone, reaped or still a zombie."""
+    from ablate.train import signals
+    me = signals.identity(os.getpid())
+    assert me and not signals.gone(os.getpid(), me)
+    assert signals.gone(os.getpid(), (me[0], str(int(me[1]) + 1)))     # the same pid, started later: reused
+    child = subprocess.Popen(["sleep", "0.3"])
+    known = signals.identity(child.pid)
+    assert not signals.gone(child.pid, known)
+    deadline = time.monotonic() + 30
+    while signals.identity(child.pid)[0] != "Z":                         # ended, not reaped yet
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert signals.gone(child.pid, known)
+    child.wait()
+    assert signals.gone(child.pid, known) and signals.identity(child.pid) is None
+
+
+def test_a_forked_rank_runs_in_its_launchers_environment_as_it_is_now(monkeypatch):
+    """Logic, in process (~0 s): a rank forked by the server starts with the server's environment (the
+    launcher's when the server started); it takes the launcher's as it is at launch, plus what torch elastic
+    set for it."""
+    from ablate.launcher import local
+    server = {"STALE": "left from the server's start", "PATH": "/old", "RANK": "1", "TORCHELASTIC_RUN_ID": "r"}
+    monkeypatch.setattr(os, "environ", dict(server))
+    local._adopt({"PATH": "/new", "WANDB_MODE": "offline"})
+    assert os.environ == {"PATH": "/new", "WANDB_MODE": "offline", "RANK": "1", "TORCHELASTIC_RUN_ID": "r"}
+
+
 def _two_ranks_resume_with_every_step_once(run_dir: Path) -> None:
     step = torch.load(run_dir / "checkpoint" / "meta.pt", weights_only=True)["step"]
     resumed = run_cli([*FAST, "parallel=ddp", "launcher.nproc_per_node=2", f"train.steps={step + 4}",

@@ -1,7 +1,8 @@
 """conf/allocator -> the CUDA caching allocator's environment.
 
 The allocator reads its settings once, when CUDA starts, so `apply` must run before any CUDA call
-(`__main__` calls it first thing; spawned ranks and Slurm tasks inherit the environment).
+(`__main__` calls it first thing; local ranks take the launcher's environment, launcher/local.py, and
+Slurm tasks inherit it).
 PyTorch documents PYTORCH_ALLOC_CONF as the main name and PYTORCH_CUDA_ALLOC_CONF as the older alias;
 we set both so any torch version reads it.
 """

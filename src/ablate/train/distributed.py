@@ -49,8 +49,12 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 def share_cpu_threads() -> None:
     """Ranks on one machine split its cores (as torchrun's OMP_NUM_THREADS=1 default intends): with each
-    rank running as many threads as there are cores, spinning threads collide and step times swing 4x."""
+    rank running as many threads as there are cores, spinning threads collide and step times swing 4x.
+    A user's OMP_NUM_THREADS stands, set here too: a forked rank's OpenMP read the fork server's at its start."""
     if "OMP_NUM_THREADS" in os.environ:
+        threads = os.environ["OMP_NUM_THREADS"].split(",")[0]
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
         return
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank_env().local_world_size))
 

@@ -28,12 +28,52 @@ def stopped(signum: int, run_dir: Path, cause: str = "") -> str:
 
 ORPHANED = "the launching process was killed (its ranks stopped by themselves)"
 PF_EXITING = 0x4   # a task's flag while it is being shut down (include/linux/sched.h)
+# set by our local launcher for its ranks: a fork server, not the launcher, is their parent (launcher/local.py)
+LAUNCHER_PID = "ABLATE_LAUNCHER_PID"
+
+
+def launcher_pid() -> int:
+    """The process that launched this rank: ours names itself; torchrun's agent is the rank's parent."""
+    return int(os.environ.get(LAUNCHER_PID) or os.getppid())
+
+
+HAS_PROC = os.path.isdir("/proc/self")   # Linux: processes and their threads are read from /proc
+
+
+def _stat(path: str) -> Optional[list]:
+    """A /proc stat file's fields after the command name (which may hold spaces); None once it is gone."""
+    try:
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+
+
+def identity(pid: int) -> Optional[tuple]:
+    """(state, start time) of process `pid` (proc(5) fields 3 and 22), None once it is gone; without /proc,
+    ("?", None) while a signal can reach it."""
+    if HAS_PROC:
+        fields = _stat(f"/proc/{pid}/stat")
+        return None if fields is None else (fields[0], fields[19])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass
+    return "?", None
+
+
+def gone(pid: int, known: Optional[tuple]) -> bool:
+    """Whether the process `known` as identity(pid) has ended: no such process, a zombie, or the pid reused."""
+    now = identity(pid)
+    return now is None or now[0] in ("Z", "X", "x") or now[1] != known[1]
 
 
 def exiting(pid: Optional[int]) -> bool:
-    """Whether a thread of process `pid` is going down (kill -9 takes a process's threads down one by one; its
-    children see it as their parent until the last is gone). Linux's /proc; elsewhere, and for None, False."""
-    if not pid:
+    """Whether a thread of process `pid` is going down (kill -9 takes a process's threads down one by one, and
+    the process stays until the last is gone). Linux's /proc; elsewhere, and for None, False."""
+    if not pid or not HAS_PROC:
         return False
     try:
         threads = os.listdir(f"/proc/{pid}/task")
@@ -42,13 +82,9 @@ def exiting(pid: Optional[int]) -> bool:
     except OSError:
         return False
     for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()   # (after the command name, which may hold spaces)
-        except FileNotFoundError:
-            continue    # a thread that ended between the listing and the read
-        if fields[0] in ("Z", "X", "x") or int(fields[6]) & PF_EXITING:
-            return True
+        fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+        if fields and (fields[0] in ("Z", "X", "x") or int(fields[6]) & PF_EXITING):
+            return True   # (a thread that ended between the listing and the read has no fields)
     return False
 
 # One Ctrl-C reaches a rank of a local multi-rank run twice: from the terminal (the whole process group)
@@ -70,7 +106,8 @@ class Preemption:
         self.world_size = world_size
         # a rank started by a local launcher (torch elastic: ours, or torchrun) whose launcher is killed outright
         # (kill -9) has nobody left to say what happened (`orphaned`: rank 0 says it itself)
-        self.parent = os.getppid() if rank_env().elastic else None
+        self.parent = launcher_pid() if rank_env().elastic else None
+        self.parent_identity = identity(self.parent) if self.parent else None
         self.orphaned = False
         signals = (signal.SIGUSR2, signal.SIGTERM) if self.slurm else (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
@@ -89,18 +126,16 @@ class Preemption:
             raise KeyboardInterrupt   # a second, deliberate Ctrl-C: stop now
 
     def launcher_gone(self, settle_s: float = 0) -> bool:
-        """Whether the local launcher that started this rank is gone. torch's spawn asks the kernel for SIGINT
-        when it dies (PR_SET_PDEATHSIG), once per launcher thread that exits: the first copy can arrive while
-        this rank's parent is still a dying thread of it, so the parent is looked at again whenever asked.
+        """Whether the local launcher that started this rank is gone (ended, or a zombie nobody reaped yet).
         `settle_s`: a launcher seen exiting is given that long to be gone (a loaded host can take seconds to
-        take down a killed process's threads; meanwhile getppid still names it)."""
-        if self.parent and os.getppid() != self.parent:
-            self.orphaned = True
-        elif self.parent and settle_s and exiting(self.parent):
+        take down a killed process's threads)."""
+        if not self.parent or self.orphaned:
+            return self.orphaned
+        if settle_s and exiting(self.parent):
             deadline = time.monotonic() + settle_s
-            while os.getppid() == self.parent and time.monotonic() < deadline:
+            while not gone(self.parent, self.parent_identity) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            self.orphaned = os.getppid() != self.parent
+        self.orphaned = gone(self.parent, self.parent_identity)
         return self.orphaned
 
     def due(self) -> bool:
