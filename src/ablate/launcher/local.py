@@ -30,7 +30,7 @@ from ablate.model.facts import measure
 from ablate.train import memory_guard, signals
 from ablate.train import trainer as train
 from ablate.train.distributed import check_ranks_fit_gpus, device_type
-from ablate.train.ranks import rank_env
+from ablate.train.ranks import given_by_elastic_agent, rank_env
 
 
 def check(cfg: AblateConfig) -> None:
@@ -55,16 +55,12 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
 # is a clean, single-threaded process, safe where a fork of the launcher (threads, a rendezvous store) is not;
 # Python 3.14's default start method on Linux.
 START_METHOD = "forkserver"
-# what torch elastic's agent sets for each rank (LocalElasticAgent._start_workers, start_processes)
-AGENT_VARS = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
-              "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-              "OMP_NUM_THREADS"}
 
 
 def _adopt(launcher_env: Dict[str, str]) -> None:
     """A forked rank holds the server's environment, the launcher's when the server started (an earlier run of
     this process, perhaps): it runs in the launcher's as it is now, as a spawned rank would, plus its own."""
-    own = {k: v for k, v in os.environ.items() if k in AGENT_VARS or k.startswith("TORCHELASTIC_")}
+    own = given_by_elastic_agent()
     os.environ.clear()
     os.environ.update({**launcher_env, **own})
 

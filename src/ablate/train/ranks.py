@@ -47,6 +47,19 @@ def rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
                    submitit="SUBMITIT_EXECUTOR" in environ, elastic="TORCHELASTIC_RUN_ID" in environ)
 
 
+# what torch elastic's agent sets for each rank it starts (LocalElasticAgent._start_workers, start_processes)
+ELASTIC_AGENT_VARS = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+                      "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS"}
+
+
+def given_by_elastic_agent(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The variables torch elastic's agent gave this rank (os.environ by default): its place in the job and its
+    rendezvous."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in ELASTIC_AGENT_VARS or k.startswith("TORCHELASTIC_")}
+
+
 def export_slurm_env() -> None:
     """Inside a Slurm step with several tasks: RANK, WORLD_SIZE, MASTER_ADDR... from Slurm's variables."""
     if "RANK" in os.environ or rank_env().slurm_tasks <= 1:
