@@ -1,6 +1,5 @@
 """Repeats that stop by themselves: Bonferroni over the looks keeps the false-positive rate of peeking at or
-below 5% (seeded synthetic A/A sequences), and a real sweep stops and says why."""
-import json
+below 5% (seeded synthetic A/A sequences). A real sweep that stops by itself: test_report.py."""
 import math
 import random
 
@@ -39,18 +38,3 @@ def test_the_decision_names_what_is_still_open():
     assert sequential.decision(open_, 2, 4) == (False, "n=2: C3 tokens_per_s still inconclusive")
     assert sequential.decision(open_, 4, 4) == (True, "max repeats reached (n=4): C3 tokens_per_s still inconclusive")
     assert sequential.decision(open_[1:], 3, 4) == (True, "every verdict decided at n=3")
-
-
-@pytest.mark.slow
-def test_a_real_sweep_with_auto_repeats_stops_by_itself_and_says_why(tmp_path):
-    from conftest import run_module
-
-    result = run_module("ablate.sweeps", ["c3_no_sync", "--repeats", "auto", "--max-repeats", "3", "--dir",
-                                          str(tmp_path), "--", "logger=none", "train.steps=6", "train.warmup_steps=2",
-                                          "metrics.profile_steps=[3,2]", "metrics.gemm_probe_n=128"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads((tmp_path / "sequential.json").read_text())
-    assert record["looks"][0] == 2 and record["level"] == pytest.approx(1 - 0.05 / 2)
-    assert record["stopped"].startswith(("every verdict decided at n=", "max repeats reached (n=3)"))
-    assert "look at n=2: " in result.stdout
-    assert "**Repeats: auto** — " + record["stopped"] in (tmp_path / "report.md").read_text()
