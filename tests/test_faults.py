@@ -227,12 +227,15 @@ def test_refused_commands_leave_a_finished_run_dir_byte_identical(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("to_group,sig,code", [(True, signal.SIGINT, 130), (False, signal.SIGTERM, 143)],
-                         ids=["ctrl-c-to-the-group", "sigterm-to-the-parent"])
+@pytest.mark.parametrize("to_group,sig,code", [(True, signal.SIGINT, 130), (False, signal.SIGTERM, 143),
+                                               (True, signal.SIGTERM, 143)],
+                         ids=["ctrl-c-to-the-group", "sigterm-to-the-parent", "sigterm-to-the-group"])
 def test_a_stop_signal_on_a_two_rank_run_checkpoints_once_and_says_so_in_one_line(tmp_path, to_group, sig, code):
-    """Ctrl-C in a terminal: SIGINT to the whole process group (the parent and both ranks), which the launcher
-    forwards to the ranks again; one request all the same. SIGTERM to the parent alone: the launcher passes it
-    on. Either way: exit 130/143, one line naming the checkpoint, no traceback; the resume runs."""
+    """Ctrl-C in a terminal: SIGINT to the whole process group (the parent, the fork server and both ranks),
+    which the launcher forwards to the ranks again; one request all the same. SIGTERM to the parent alone: the
+    launcher passes it on. SIGTERM to the group (systemd, Slurm ending a step; ~30 s): the fork server must
+    outlive its ranks' checkpoint (launcher/fork_server.py). Each: exit 130/143, one line naming the
+    checkpoint, no traceback; the resume runs."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "ablate", *FAST, "parallel=ddp", "launcher.nproc_per_node=2",
                              "train.steps=400", "dataloader.read_latency_ms=30", f"hydra.run.dir={run_dir}"],

@@ -50,7 +50,7 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     return train.run(cfg, run_dir, resolved, choices, applied)
 
 
-# Ranks are forked by a server that imported torch and the trainer once (its preload): a rank starts without
+# Ranks are forked by a server that imported torch and the trainer once (fork_server.py): a rank starts without
 # the ~2-3 s of imports each spawned rank paid (x0.72 on three 2-rank runs at once on a 2-core host). The server
 # is a clean, single-threaded process, safe where a fork of the launcher (threads, a rendezvous store) is not;
 # Python 3.14's default start method on Linux.
@@ -68,6 +68,7 @@ def _adopt(launcher_env: Dict[str, str]) -> None:
 def _rank_entry(launcher_env, cfg, run_dir, resolved, choices, applied):
     """The top of a rank's process (an edge, like the entry points): a rank that checkpointed on a signal
     leaves with 128 + the signal, which the parent reads as "stopped", not "failed"."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the fork server ignores it (launcher/fork_server.py)
     _adopt(launcher_env)
     try:
         return record(train.run)(cfg, run_dir, resolved, choices, applied)
@@ -103,7 +104,7 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.5, start_method=START_METHOD)
-    multiprocessing.get_context(START_METHOD).set_forkserver_preload([__name__])
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload(["ablate.launcher.fork_server"])
     _quiet_elastic_logs()
     _quiet_resource_tracker()
     shutil.rmtree(run_dir / train.FAILURES_DIR, ignore_errors=True)   # an earlier attempt's notes say nothing now
