@@ -348,6 +348,7 @@ def test_a_rank_knows_its_launcher_by_pid_and_start_time_not_by_its_parent():
     assert signals.gone(child.pid, known)
     child.wait()
     assert signals.gone(child.pid, known) and signals.identity(child.pid) is None
+    assert signals.gone(os.getpid(), None)       # a launcher already gone when the rank first looked
 
 
 def test_a_forked_rank_runs_in_its_launchers_environment_as_it_is_now(monkeypatch):

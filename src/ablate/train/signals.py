@@ -65,9 +65,10 @@ def identity(pid: int) -> Optional[tuple]:
 
 
 def gone(pid: int, known: Optional[tuple]) -> bool:
-    """Whether the process `known` as identity(pid) has ended: no such process, a zombie, or the pid reused."""
+    """Whether the process `known` as identity(pid) has ended: no such process, a zombie, or the pid reused
+    (`known` None: it was gone when first looked at)."""
     now = identity(pid)
-    return now is None or now[0] in ("Z", "X", "x") or now[1] != known[1]
+    return known is None or now is None or now[0] in ("Z", "X", "x") or now[1] != known[1]
 
 
 def exiting(pid: Optional[int]) -> bool:
