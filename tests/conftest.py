@@ -34,6 +34,13 @@ def launcher_variables() -> Dict[str, str]:
 for _name in launcher_variables():
     del os.environ[_name]
 register()
+# The parallel tier runs 3 workers on this 2-core host: a run with torch's default (a thread per core) then
+# spins OpenMP threads on cores another worker holds, 8.1 CPU-s for the default 40-step run beside two busy
+# processes against 4.9 with one thread, and ~1.6x its wall time. Each process a worker starts takes one
+# thread, as torchrun gives each of several processes on a host; the serial tier (timings) keeps torch's
+# default, and the README's commands run in a user's bare environment (PATH and HOME), as typed.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # measured peaks (and the noise floor) go to a cache of the test session's own, never the user's
 os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
 

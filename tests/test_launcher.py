@@ -212,3 +212,21 @@ def test_a_rank_that_only_lost_its_peer_is_never_named_the_root_cause():
         "worker crashing. Check the logs of the remote worker"), "extraInfo": {}})
     killed = SimpleNamespace(exitcode=-15, timestamp=101, message="Signal 15 (SIGTERM) received by PID 7")
     assert [rank for rank, _ in root_cause_first({0: blames, 1: killed})] == [1, 0]
+
+
+def test_each_rank_runs_on_the_cpus_it_was_given(monkeypatch):
+    """OpenMP threads per rank (in process, no torch): a user's OMP_NUM_THREADS stands; an srun task keeps to
+    SLURM_CPUS_PER_TASK even where the affinity mask shows the whole host (task/none); ranks forked by our
+    launcher share their process's CPUs, or the one Slurm task's."""
+    from ablate.train.ranks import cpu_threads_per_rank
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    local = {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}
+    assert cpu_threads_per_rank(local) == 4                                   # 8 cores, 2 local ranks
+    assert cpu_threads_per_rank({**local, "OMP_NUM_THREADS": "3"}) == 3
+    srun_task = {"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS_PER_NODE": "1",
+                 "SLURM_CPUS_PER_TASK": "1"}
+    assert cpu_threads_per_rank(srun_task) == 1                               # not the host's 8
+    assert cpu_threads_per_rank({**srun_task, "SLURM_CPUS_PER_TASK": "6"}) == 6
+    assert cpu_threads_per_rank({**local, "SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "6"}) == 3   # one task, 2 ranks
+    assert cpu_threads_per_rank({**local, "LOCAL_WORLD_SIZE": "16"}) == 1     # never 0

@@ -5,6 +5,7 @@ The only change is appending a few training steps to what trains (SHORT); a comm
 covered without a test written for it. `bash` lines must exit 0 without a traceback; a `console` block's
 `$ ` lines must print exactly the line documented under them, exit 2 and leave no directory behind.
 `make` lines are CI's own (`make test` is this suite; `make run` is `python -m ablate`, typed below)."""
+import csv
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -73,10 +74,14 @@ def user(tmp_path_factory):
     return workdir, env
 
 
+TYPED: Dict[str, subprocess.CompletedProcess] = {}   # what each command printed, for the tests that read its results
+
+
 def type_command(line: str, expected: Optional[str], user) -> subprocess.CompletedProcess:
     workdir, env = user
     argv = shortened(shlex.split(line)) if expected is None else shlex.split(line)
-    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    TYPED[line] = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    return TYPED[line]
 
 
 def run_dirs(stderr: str) -> List[Path]:
@@ -86,7 +91,7 @@ def run_dirs(stderr: str) -> List[Path]:
 def test_the_docs_have_commands():
     found = commands()
     lines = [c[1] for c in found]
-    assert "python -m ablate precision=bf16 parallel=zero3" in lines
+    assert "python -m ablate precision=bf16 parallel=zero3" in lines and C3_SWEEP in lines
     assert "python -m ablate -m precision=fp32,bf16 parallel=ddp,zero3 launcher.nproc_per_node=2" in lines
     assert sum(c[2] is not None for c in found) >= 3
 
@@ -123,8 +128,6 @@ def test_the_documented_grid_reported_gives_every_exact_figure_and_each_cell(use
     `ablate.report` on it, in process (~2 s): the exact comm effect of `parallel` in effects.csv, a point
     estimate for speed at one run per cell, every cell's figures and the effects plot. (The one real -m grid
     that is reported end to end; intervals from repeats are checked on planted runs, test_effects.py.)"""
-    import csv
-
     from ablate import report
 
     grids = {p.parent.parent for p in user[0].glob("multirun/*/*/*/summary.json")
@@ -139,3 +142,35 @@ def test_the_documented_grid_reported_gives_every_exact_figure_and_each_cell(use
     md = (grid / "report.md").read_text()
     assert "Each cell (the central value of its runs):" in md and md.count("| 1 | ") == 4
     assert list(grid.glob("*.effects.png"))
+
+
+C3_SWEEP = "python -m ablate.sweeps c3_no_sync --repeats auto --max-repeats 3 --dir sweeps_out/c3 -- logger=none"
+
+
+def test_the_documented_sweep_repeats_until_decided_with_intervals_and_exact_comm(user):
+    """The README's c3 sweep, typed above (2-rank runs, 4 or 6 of them), read here in process: interleaved
+    repeats, one shared peak, the exact eighth of the bytes, intervals, and repeats that stopped by themselves
+    and say why (report/sequential.py); each run's trace drawn as a timeline. (It was a sweep of its own in
+    test_report.py: ~100 s of CI for the same runs.)"""
+    sweep, typed = user[0] / "sweeps_out" / "c3", TYPED.get(C3_SWEEP)
+    assert typed is not None and typed.returncode == 0, f"`{C3_SWEEP}` did not run above (README.md changed?)"
+    assert str(sweep / "report.md") in typed.stdout and "look at n=2: " in typed.stdout
+    record = json.loads((sweep / "sequential.json").read_text())
+    assert record["looks"][0] == 2 and record["level"] == pytest.approx(1 - 0.05 / 2)
+    assert record["stopped"].startswith(("every verdict decided at n=", "max repeats reached (n=3)"))
+    assert "**Repeats: auto** — " + record["stopped"] in (sweep / "report.md").read_text()
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("c3_no_sync/*/summary.json"))]
+    repeats = len(summaries) // 2
+    assert repeats in (2, 3) and [s["sweep"]["repeat"] for s in summaries] == [r for r in range(repeats)
+                                                                              for _ in (0, 1)]   # A B A B
+    rows = {r["metric"]: r for r in csv.DictReader((sweep / "report.csv").open())}
+    comm = rows["comm_bytes_per_step"]
+    assert comm["n"] == str(repeats) and comm["exact"] == "True" and float(comm["measured"]) == pytest.approx(0.875)
+    assert comm["verdict"] == "reproduced"
+    speed = rows["tokens_per_s"]
+    assert speed["effect_kind"] == "ratio"   # 8 steps, n=2 or 3: an interval, or why none is printed
+    assert (speed["ci_low"] and speed["ci_high"]) or "too small for an interval" in speed["reason"], speed
+    assert speed["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    assert len({s["peak_flops_measured"] for s in summaries}) == 1            # one shared peak
+    assert rows["comm_exposed_s"]["verdict"] == "no claim"                    # from each run's trace
+    assert len(list(sweep.glob("c3_no_sync_*_rank*.timeline.png"))) == 4      # 2 arms x 2 ranks

@@ -11,4 +11,6 @@ import signal
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
+import torch._dynamo  # noqa: E402,F401  (every rank's first optimizer imports it: torch/_compile.py, ~2 s of CPU)
+
 import ablate.launcher.local  # noqa: E402,F401  (what every rank runs: torch and the trainer, imported once)

@@ -27,6 +27,7 @@ from ablate import data
 from ablate.config import AblateConfig, RunFailed, RunStopped
 from ablate.launcher import failures
 from ablate.model.facts import measure
+from ablate.parallel import strategy_class
 from ablate.train import memory_guard, signals
 from ablate.train import trainer as train
 from ablate.train.distributed import check_ranks_fit_gpus, device_type
@@ -51,7 +52,7 @@ def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
 
 
 # Ranks are forked by a server that imported torch and the trainer once (fork_server.py): a rank starts without
-# the ~2-3 s of imports each spawned rank paid (x0.72 on three 2-rank runs at once on a 2-core host). The server
+# the ~2-3 s of imports each spawned rank paid (x0.80 on three 2-rank runs at once on a 2-core host). The server
 # is a clean, single-threaded process, safe where a fork of the launcher (threads, a rendezvous store) is not;
 # Python 3.14's default start method on Linux.
 START_METHOD = "forkserver"
@@ -104,7 +105,8 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.5, start_method=START_METHOD)
-    multiprocessing.get_context(START_METHOD).set_forkserver_preload(["ablate.launcher.fork_server"])
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload(
+        ["ablate.launcher.fork_server", *strategy_class(cfg.parallel.name).rank_imports])
     _quiet_elastic_logs()
     _quiet_resource_tracker()
     shutil.rmtree(run_dir / train.FAILURES_DIR, ignore_errors=True)   # an earlier attempt's notes say nothing now

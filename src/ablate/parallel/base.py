@@ -87,6 +87,9 @@ class Strategy(ABC):
     measured_state: Dict[str, int]
     numerics: Dict[str, object]
     overlap_needs_streams = False    # its overlap of communication relies on device streams (DeepSpeed)
+    # modules every rank of this strategy imports on its way: the local launcher's fork server imports them once
+    # for all its ranks (launcher/local.py), instead of each rank paying for them
+    rank_imports: Tuple[str, ...] = ()
 
     @classmethod
     def check(cls, parallel, precision: Precision, has_cuda: bool) -> None:

@@ -97,6 +97,9 @@ class Zero(Strategy):
     """The Strategy interface over a DeepSpeed engine (it owns backward, accumulation and the step)."""
 
     overlap_needs_streams = True
+    # deepspeed.initialize imports DeepSpeed's Muon optimizer (runtime/zero/utils.py, is_zero_supported_optimizer),
+    # whose module-level torch.compile decorator imports inductor: ~3 s of CPU per rank (py-spy, 2 ranks of zero3)
+    rank_imports = ("torch._inductor.compile_fx", "torch._dynamo.repro.after_dynamo")
 
     def __init__(self, model, parallel: ParallelConfig, train: TrainConfig, optim_cfg, precision, device,
                  world_size: int):

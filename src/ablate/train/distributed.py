@@ -1,7 +1,6 @@
 """The process group (gloo / NCCL) of the ranks ranks.py describes: device, init, clean exit, placement."""
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Dict, List
@@ -10,7 +9,13 @@ import torch
 import torch.distributed as dist
 
 from ablate.config import ConfigError
-from ablate.train.ranks import be_a_world_of_one, export_slurm_env, forget_world_of_one, rank_env
+from ablate.train.ranks import (
+    be_a_world_of_one,
+    cpu_threads_per_rank,
+    export_slurm_env,
+    forget_world_of_one,
+    rank_env,
+)
 
 
 @dataclass
@@ -48,15 +53,11 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 
 def share_cpu_threads() -> None:
-    """Ranks on one machine split its cores (as torchrun's OMP_NUM_THREADS=1 default intends): with each
-    rank running as many threads as there are cores, spinning threads collide and step times swing 4x.
-    A user's OMP_NUM_THREADS stands, set here too: a forked rank's OpenMP read the fork server's at its start."""
-    if "OMP_NUM_THREADS" in os.environ:
-        threads = os.environ["OMP_NUM_THREADS"].split(",")[0]
-        if threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))
-        return
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank_env().local_world_size))
+    """Ranks on one machine split its cores (as torchrun's OMP_NUM_THREADS=1 default intends), and a Slurm task
+    keeps to the CPUs it was given (ranks.cpu_threads_per_rank): each rank running as many threads as the host
+    has cores, spinning threads collide and step times swing 4x. Set here even when the user gave
+    OMP_NUM_THREADS: a forked rank's OpenMP read the fork server's at its start."""
+    torch.set_num_threads(cpu_threads_per_rank())
 
 
 def setup(device_choice: str, need_group: bool = False) -> DistEnv:
@@ -66,7 +67,7 @@ def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     ranks = rank_env()
     rank, world, local_rank = ranks.rank, ranks.world_size, ranks.local_rank
     device = pick_device(device_choice, local_rank)
-    if device.type == "cpu" and world > 1:
+    if device.type == "cpu" and (world > 1 or ranks.slurm_step is not None):
         share_cpu_threads()
     if world == 1 and need_group:
         be_a_world_of_one()
