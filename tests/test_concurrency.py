@@ -67,7 +67,8 @@ def test_a_sweep_survives_a_second_call_a_crash_and_ctrl_c_and_runs_nothing_twic
       a call with fewer repeats is refused."""
     d = tmp_path / "D"
     cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--repeats", "2", "--dir", str(d), "--",
-           "logger=none", "train.steps=40", "metrics.gemm_probe_n=64"]
+           "logger=none", "train.steps=40", "metrics.gemm_probe_n=64",
+           "dataloader.read_latency_ms=80"]   # each run >= 3 s wherever it runs: killed and Ctrl-C'd mid-way
     driver = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     wait_for(driver, lambda: (d / ".ablate.lock").exists())
@@ -93,7 +94,9 @@ def test_a_sweep_survives_a_second_call_a_crash_and_ctrl_c_and_runs_nothing_twic
     assert again.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ablate.sweeps: stopped by SIGINT")
     assert out.count("finished in an earlier call: kept") == 2
-    time.sleep(15)
+    gone_by = time.time() + 15                       # none of the sweep's processes is left 15 s later
+    while processes_of(d) and time.time() < gone_by:
+        time.sleep(0.5)
     assert not processes_of(d), processes_of(d)
 
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)

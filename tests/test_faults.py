@@ -25,15 +25,6 @@ def one_line(result) -> str:
     return lines[0]
 
 
-def test_a_second_run_into_a_run_dir_is_refused_and_the_first_is_intact(tmp_path, monkeypatch):
-    assert main_in_process(monkeypatch, [*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"]) == 0
-    before = (tmp_path / "metrics.jsonl").read_text()
-    again = run_cli([*FAST, "train.steps=4", f"hydra.run.dir={tmp_path}"])
-    assert again.returncode == 2 and "already holds a run" in one_line(again)
-    assert f"train.resume={tmp_path}" in again.stderr
-    assert (tmp_path / "metrics.jsonl").read_text() == before
-
-
 def test_an_empty_run_dir_and_a_locked_one_are_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for empty in ("hydra.run.dir=", "hydra.run.dir=''", 'hydra.run.dir=""'):   # in process, ~0.1 s each
@@ -49,10 +40,10 @@ def test_an_empty_run_dir_and_a_locked_one_are_refused(tmp_path, monkeypatch, ca
     assert not (tmp_path / "busy" / "metrics.jsonl").exists()
 
 
-def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path):
-    result = run_cli(["model=8b", f"hydra.run.dir={tmp_path}/run"])
-    line = one_line(result)
-    assert result.returncode == 2 and line.startswith("ablate: error: model=8b: needs about")
+def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path, monkeypatch, capsys):   # in process, ~1 s
+    assert main_in_process(monkeypatch, ["model=8b", f"hydra.run.dir={tmp_path}/run"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("ablate: error: model=8b: needs about")
     assert "GB model state (ablate.plan)" in line and "train.skip_memory_check=true" in line
     assert not (tmp_path / "run").exists()
 
@@ -144,11 +135,11 @@ def _finite(path: Path) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in state["model"].values())
 
 
-@pytest.mark.slow
-def test_nan_training_stops_in_one_line_and_never_checkpoints_nan(tmp_path):
-    result = run_cli([*FAST, "optim.lr=1e4", "train.steps=40", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}"])
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
+@pytest.mark.slow   # trains (in process, ~2 s)
+def test_nan_training_stops_in_one_line_and_never_checkpoints_nan(tmp_path, monkeypatch, capsys):
+    args = [*FAST, "optim.lr=1e4", "train.steps=40", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path}"]
+    assert main_in_process(monkeypatch, args) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("ablate: stopped at step") and ("non-finite" in last or "not finite" in last)
     for ckpt in (tmp_path / "checkpoint", tmp_path / "checkpoint.prev"):
         if ckpt.exists():
@@ -211,18 +202,21 @@ def _files(run_dir: Path) -> dict:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow
-def test_refused_commands_leave_a_finished_run_dir_byte_identical(tmp_path):
-    """A second run into it, a resume with another model, a resume asking for no more steps: each refused in
-    one line before Hydra or ablate writes anything (no .hydra/, config.yaml or lock file touched)."""
+def test_refused_commands_leave_a_finished_run_dir_byte_identical(tmp_path, monkeypatch, capsys):
+    """A second run into it (the line names the resume), a resume with another model, a resume asking for no
+    more steps: each refused in one line before Hydra or ablate writes anything (no .hydra/, config.yaml or lock
+    file touched). Through main() in process (~3 s; a refusal in a process of its own: test_cli.py)."""
     run = tmp_path / "run"
-    first = run_cli([*FAST, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={run}"])
-    assert first.returncode == 0, first.stderr[-2000:]
+    first = [*FAST, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={run}"]
+    assert main_in_process(monkeypatch, first) == 0
+    capsys.readouterr()
     before = _files(run)
     for extra in ([], ["model=small", "train.steps=8", f"train.resume={run}"], [f"train.resume={run}"]):
-        refused = run_cli([*FAST, "train.steps=4", *extra, f"hydra.run.dir={run}"])
-        assert refused.returncode == 2, refused.stderr[-2000:]
-        one_line(refused)
+        assert main_in_process(monkeypatch, [*FAST, "train.steps=4", *extra, f"hydra.run.dir={run}"]) == 2, extra
+        said = capsys.readouterr().err.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith("ablate: error: "), said
+        if not extra:
+            assert "already holds a run" in said[0] and f"train.resume={run}" in said[0]
         assert _files(run) == before, extra
 
 

@@ -154,7 +154,7 @@ def test_the_documented_sweep_repeats_until_decided_with_intervals_and_exact_com
     test_report.py: ~100 s of CI for the same runs.)"""
     sweep, typed = user[0] / "sweeps_out" / "c3", TYPED.get(C3_SWEEP)
     assert typed is not None and typed.returncode == 0, f"`{C3_SWEEP}` did not run above (README.md changed?)"
-    assert str(sweep / "report.md") in typed.stdout and "look at n=2: " in typed.stdout
+    assert "report: sweeps_out/c3/report.md" in typed.stdout and "look at n=2: " in typed.stdout   # as typed: relative
     record = json.loads((sweep / "sequential.json").read_text())
     assert record["looks"][0] == 2 and record["level"] == pytest.approx(1 - 0.05 / 2)
     assert record["stopped"].startswith(("every verdict decided at n=", "max repeats reached (n=3)"))
