@@ -159,7 +159,8 @@ def test_the_documented_sweep_repeats_until_decided_with_intervals_and_exact_com
     assert record["looks"][0] == 2 and record["level"] == pytest.approx(1 - 0.05 / 2)
     assert record["stopped"].startswith(("every verdict decided at n=", "max repeats reached (n=3)"))
     assert "**Repeats: auto** — " + record["stopped"] in (sweep / "report.md").read_text()
-    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("c3_no_sync/*/summary.json"))]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("c3_no_sync/*/summary.json"))
+                 if not p.parent.name.endswith("_rerun")]   # an outlier run once more beside it (a busy host)
     repeats = len(summaries) // 2
     assert repeats in (2, 3) and [s["sweep"]["repeat"] for s in summaries] == [r for r in range(repeats)
                                                                               for _ in (0, 1)]   # A B A B
