@@ -230,3 +230,6 @@ def test_each_rank_runs_on_the_cpus_it_was_given(monkeypatch):
     assert cpu_threads_per_rank({**srun_task, "SLURM_CPUS_PER_TASK": "6"}) == 6
     assert cpu_threads_per_rank({**local, "SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "6"}) == 3   # one task, 2 ranks
     assert cpu_threads_per_rank({**local, "LOCAL_WORLD_SIZE": "16"}) == 1     # never 0
+    monkeypatch.delattr("os.sched_getaffinity")                               # macOS: the host's cores
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert cpu_threads_per_rank(local) == 3

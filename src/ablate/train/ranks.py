@@ -60,6 +60,14 @@ def given_by_elastic_agent(environ: Optional[Mapping[str, str]] = None) -> Dict[
     return {k: v for k, v in environ.items() if k in ELASTIC_AGENT_VARS or k.startswith("TORCHELASTIC_")}
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask (taskset, a cpuset) where the OS has one (Linux),
+    else every core of the host (macOS has no sched_getaffinity)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def cpu_threads_per_rank(environ: Mapping[str, str] = os.environ) -> int:
     """The CPU threads one rank may run, the cores it has to itself: a user's OMP_NUM_THREADS stands; else the
     CPUs Slurm allotted this task (SLURM_CPUS_PER_TASK; under task/none nothing binds the task to them, so
@@ -70,7 +78,7 @@ def cpu_threads_per_rank(environ: Mapping[str, str] = os.environ) -> int:
     if given.isdigit() and int(given) > 0:
         return int(given)
     allotted = environ.get("SLURM_CPUS_PER_TASK", "")
-    cores = int(allotted) if allotted.isdigit() and int(allotted) > 0 else len(os.sched_getaffinity(0))
+    cores = int(allotted) if allotted.isdigit() and int(allotted) > 0 else usable_cores()
     env = rank_env(environ)
     sharing = env.local_world_size if env.elastic or not env.slurm_step else 1   # an srun task is one rank
     return max(1, cores // max(1, sharing))
