@@ -233,3 +233,38 @@ def test_each_rank_runs_on_the_cpus_it_was_given(monkeypatch):
     monkeypatch.delattr("os.sched_getaffinity")                               # macOS: the host's cores
     monkeypatch.setattr("os.cpu_count", lambda: 6)
     assert cpu_threads_per_rank(local) == 3
+
+
+def test_a_slurm_jobs_rendezvous_port_is_one_the_kernel_never_hands_out(monkeypatch):
+    """In process: every task of a job gets the same port, below the ephemeral range (where submitit's pick,
+    20000-60000, found its port taken by a local connection in CI); neighbouring jobs get different ones; a
+    MASTER_PORT the user set stands."""
+    import os
+    from pathlib import Path
+
+    from ablate.train import ranks
+
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low, high = (int(x) for x in ephemeral.read_text().split()) if ephemeral.exists() else (32768, 60999)
+    ports = {ranks.slurm_master_port(str(job)) for job in range(10**6, 10**6 + 5000)}
+    assert len(ports) == 5000 and all(1024 < p < low or p > high for p in ports)
+    job = {"SLURM_JOB_ID": "123456", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_ID": "0",
+           "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "vm",
+           "SLURM_JOB_NUM_NODES": "1", "SLURM_STEP_NODELIST": "vm"}
+    exported = ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                "SUBMITIT_EXECUTOR")
+
+    def in_a_fresh_task():
+        for name in exported:           # (set, then removed: monkeypatch takes whatever export sets back)
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
+
+    for name, value in job.items():
+        monkeypatch.setenv(name, value)
+    in_a_fresh_task()
+    ranks.export_slurm_env()
+    assert os.environ["MASTER_PORT"] == str(ranks.slurm_master_port("123456")) and os.environ["RANK"] == "1"
+    in_a_fresh_task()
+    monkeypatch.setenv("MASTER_PORT", "29512")
+    ranks.export_slurm_env()
+    assert os.environ["MASTER_PORT"] == "29512" and os.environ["WORLD_SIZE"] == "2"

@@ -93,7 +93,22 @@ def export_slurm_env() -> None:
     # submitit finds Slurm by this variable, which only its own sbatch scripts export: a plain `srun python
     # -m ablate` (or an sbatch script of the user's) is a Slurm job all the same
     os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    if os.environ.get("SLURM_JOB_ID", "").isdigit():
+        os.environ.setdefault("MASTER_PORT", str(slurm_master_port(os.environ["SLURM_JOB_ID"])))
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)   # (its MASTER_PORT is ours)
+
+
+# Rank 0's rendezvous port in a Slurm job: below Linux's default ephemeral range (32768-60999,
+# /proc/sys/net/ipv4/ip_local_port_range), where the kernel never gives a port to another process's outgoing
+# connection. submitit's own pick (20000-60000, seeded by the job id) lands in that range 7 times in 10; on a
+# node busy with connections it found its port taken (EADDRINUSE, 2026-12-03) and the job's other rank then
+# waited for the store until the time limit. Every task of a job computes the same port; jobs that share a
+# node have different ids, so consecutive ids get different ports. A MASTER_PORT the user set stands.
+SLURM_PORTS = range(20000, 32768)
+
+
+def slurm_master_port(job_id: str) -> int:
+    return SLURM_PORTS[int(job_id) % len(SLURM_PORTS)]
 
 
 def free_port() -> int:
