@@ -1,8 +1,10 @@
 """Shared helpers: Hydra's real compose API on conf/, and real runs (in this process or as `python -m ablate`)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,12 +39,20 @@ register()
 # The parallel tier runs 3 workers on this 2-core host: a run with torch's default (a thread per core) then
 # spins OpenMP threads on cores another worker holds, 8.1 CPU-s for the default 40-step run beside two busy
 # processes against 4.9 with one thread, and ~1.6x its wall time. Each process a worker starts takes one
-# thread, as torchrun gives each of several processes on a host; the serial tier (timings) keeps torch's
-# default, and the README's commands run in a user's bare environment (PATH and HOME), as typed.
+# thread, as torchrun gives each of several processes on a host (the README's commands too, in their bare
+# environment of PATH and HOME: test_readme.py); the serial tier (timings) keeps torch's default.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 # measured peaks (and the noise floor) go to a cache of the test session's own, never the user's
-os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
+SESSION_CACHE = os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate-test-cache-")
+atexit.register(shutil.rmtree, SESSION_CACHE, True)   # (each run of the suite left one per process in /tmp)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache_removed_at_the_end():
+    """An xdist worker may leave without running atexit: its cache goes when its tests are done."""
+    yield
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 def _sigint_as_a_terminal_leaves_it() -> None:

@@ -1,6 +1,7 @@
 """The documentation is the test list: every command in the `bash` and `console` blocks of README.md and
 sweeps/README.md, typed as a user types it — from a directory outside the checkout, in an environment with
-only PATH and HOME (no rank, Slurm or W&B variables), with the installed `python` — in the order written.
+only PATH and HOME (no rank, Slurm or W&B variables; one OpenMP thread in the parallel tier), with the
+installed `python` — in the order written.
 The only change is appending a few training steps to what trains (SHORT); a command added to a block is
 covered without a test written for it. `bash` lines must exit 0 without a traceback; a `console` block's
 `$ ` lines must print exactly the line documented under them, exit 2 and leave no directory behind.
@@ -67,10 +68,16 @@ def shortened(argv: List[str]) -> List[str]:
 @pytest.fixture(scope="module")
 def user(tmp_path_factory):
     """A user's shell: a working directory outside the checkout, only PATH (with the installed python
-    first) and HOME; measured peaks go to a cache of the test run's own, never the user's."""
+    first) and HOME; measured peaks go to a cache of the test run's own, never the user's. In the parallel
+    tier (3 workers on 2 cores) its commands take one OpenMP thread a process, as every other command the
+    suite starts there (conftest.py): with torch's default beside two busy workers a run spins threads on
+    cores it does not get. A bare shell's default (cores shared by the ranks, train/ranks.py) is what the
+    serial tier's runs and `make run` use."""
     workdir = tmp_path_factory.mktemp("user")
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOME": os.environ["HOME"],
            "ABLATE_CACHE_DIR": os.environ["ABLATE_CACHE_DIR"]}
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
     return workdir, env
 
 
