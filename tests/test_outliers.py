@@ -139,7 +139,7 @@ def test_a_real_run_paused_mid_run_records_the_stall_and_keeps_its_steady_speed(
     from conftest import REPO
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "logger=none", "train.steps=400", "train.log_every=5",
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "logger=none", "train.steps=200", "train.log_every=5",
                              f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").stat().st_size < 400:
