@@ -48,13 +48,6 @@ SESSION_CACHE = os.environ["ABLATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ablate
 atexit.register(shutil.rmtree, SESSION_CACHE, True)   # (each run of the suite left one per process in /tmp)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def session_cache_removed_at_the_end():
-    """An xdist worker may leave without running atexit: its cache goes when its tests are done."""
-    yield
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
-
-
 def _sigint_as_a_terminal_leaves_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
