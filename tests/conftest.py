@@ -85,14 +85,40 @@ def run_in_process(tmp_path: Path, overrides: List[str] = ()) -> Dict:
 def main_in_process(monkeypatch, args: List[str]) -> int:
     """`python -m ablate ARGS` as its main() in this process (no interpreter and imports to pay for): the exit
     code it would leave with (0 when main returned)."""
+    monkeypatch.setattr(sys, "argv", ["ablate", *args])
+    return _entry_main()
+
+
+def _entry_main() -> int:
     from ablate import __main__ as entry
 
-    monkeypatch.setattr(sys, "argv", ["ablate", *args])
     try:
         entry.main()
     except SystemExit as e:
         return e.code or 0
     return 0
+
+
+LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def launch_in_process(args: List[str]) -> int:
+    """`python -m ablate ARGS` as main() in this process, as launcher of its ranks when it has several: they are
+    real processes, forked by the fork server this process started with its first such run and keeps (each
+    later one starts without the ~7 CPU-s of a launcher's and a server's imports). What torch's elastic agent
+    leaves behind, handlers on SIGINT/SIGTERM/SIGHUP/SIGQUIT and TORCHELASTIC_* variables, is put back as it
+    was: this process is the test run's."""
+    saved_argv, saved_env = sys.argv, dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in LAUNCHER_SIGNALS}
+    sys.argv = ["ablate", *args]
+    try:
+        return _entry_main()
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
 
 
 def run_cli(args: List[str], cwd: Path = REPO, timeout: int = 600, env: Dict[str, str] = None):
@@ -147,17 +173,25 @@ RUN_COMMON = ["logger=none", "train.steps=6", "train.warmup_steps=2", "train.log
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
-    """trained(parallel, precision, ranks, *extra) -> (summary, metrics rows) of a real `python -m ablate`
-    run, memoised for the session."""
+    """trained(parallel, precision, ranks, *extra) -> (summary, metrics rows) of a real run, memoised for the
+    session. Several ranks: ablate's main() in this process as their launcher, the ranks real processes
+    (launch_in_process; the 14 of the choice matrix and the parity tests, ~90 CPU-s less than as many `python
+    -m ablate`, whose own path the README's commands and the fault tests type). One rank: `python -m ablate`,
+    which would train in this process otherwise (DeepSpeed keeps its groups from one run to the next there)."""
     done: Dict[tuple, tuple] = {}
 
     def run(parallel_choice: str, precision_choice: str, ranks: int, *extra: str):
         key = (parallel_choice, precision_choice, ranks, *extra)
         if key not in done:
             run_dir = tmp_path_factory.mktemp(f"{parallel_choice}_{precision_choice}_{ranks}")
-            result = run_cli([*RUN_COMMON, f"parallel={parallel_choice}", f"precision={precision_choice}",
-                              f"launcher.nproc_per_node={ranks}", *extra, f"hydra.run.dir={run_dir}"])
-            assert result.returncode == 0, f"{key}: {result.stderr[-4000:]}"
+            args = [*RUN_COMMON, f"parallel={parallel_choice}", f"precision={precision_choice}",
+                    f"launcher.nproc_per_node={ranks}", *extra, f"hydra.run.dir={run_dir}"]
+            if ranks > 1:
+                code = launch_in_process(args)
+                assert code == 0, f"{key}: exit {code} (its line is in this test's captured stderr)"
+            else:
+                result = run_cli(args)
+                assert result.returncode == 0, f"{key}: {result.stderr[-4000:]}"
             done[key] = (json.loads((run_dir / "summary.json").read_text()), read_jsonl(run_dir / "metrics.jsonl"))
         return done[key]
 

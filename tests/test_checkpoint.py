@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import read_jsonl, run_cli, run_in_process
+from conftest import launch_in_process, read_jsonl, run_in_process
 
 COMMON = ["logger=none", "train.log_every=2", "train.warmup_steps=1", "metrics.gemm_probe_n=128"]
 
@@ -27,9 +27,8 @@ def test_single_process_resume_is_exact(tmp_path):
 def test_distributed_resume_matches_an_uninterrupted_run(tmp_path, parallel, trained):
     args = [*COMMON, "launcher.nproc_per_node=2", f"parallel={parallel}"]
 
-    def run(name, *extra):
-        result = run_cli([*args, *extra, f"hydra.run.dir={tmp_path / name}"])
-        assert result.returncode == 0, result.stderr[-3000:]
+    def run(name, *extra):   # launched from this process, as the matrix's reference (conftest.launch_in_process)
+        assert launch_in_process([*args, *extra, f"hydra.run.dir={tmp_path / name}"]) == 0
         return json.loads((tmp_path / name / "summary.json").read_text())
 
     reference, _ = trained(parallel, "fp32", 2)   # 6 steps, as here (its measurement warm-up trains the same)

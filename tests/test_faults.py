@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ablate.train import checkpoint, guards, manifest
-from conftest import AS_TYPED_IN_A_TERMINAL, REPO, main_in_process, read_jsonl, run_cli
+from conftest import AS_TYPED_IN_A_TERMINAL, REPO, launch_in_process, main_in_process, read_jsonl, run_cli
 
 FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
 
@@ -366,9 +366,8 @@ def test_a_forked_rank_runs_in_its_launchers_environment_as_it_is_now(monkeypatc
 
 def _two_ranks_resume_with_every_step_once(run_dir: Path) -> None:
     step = torch.load(run_dir / "checkpoint" / "meta.pt", weights_only=True)["step"]
-    resumed = run_cli([*FAST, "parallel=ddp", "launcher.nproc_per_node=2", f"train.steps={step + 4}",
-                       f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert launch_in_process([*FAST, "parallel=ddp", "launcher.nproc_per_node=2", f"train.steps={step + 4}",
+                              f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"]) == 0   # real ranks, launched here
     logged = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     assert logged == sorted(set(logged)) and logged[-1] == step + 4
 
@@ -448,14 +447,14 @@ SHARDED = [*FAST, "launcher.nproc_per_node=2", "train.checkpoint_every=2"]
 def sharded_run(tmp_path_factory):
     """A finished 2-rank run per sharded strategy (6 steps, a checkpoint every 2: latest at step 6, prev at 4),
     trained once for the tests that damage it; each damages a copy of its own (so one 2-rank run per
-    strategy, ~20 s each, not one per test). A copied run dir resumes as the original would."""
+    strategy, ~20 s each, not one per test; launched from this process: conftest.launch_in_process). A copied
+    run dir resumes as the original would."""
     trained = {}
 
     def copy_for(strategy: str, tmp_path: Path) -> Path:
         if strategy not in trained:
             run = tmp_path_factory.mktemp(f"trained-{strategy}") / "run"
-            first = run_cli([*SHARDED, f"parallel={strategy}", "train.steps=6", f"hydra.run.dir={run}"])
-            assert first.returncode == 0, first.stderr[-2000:]
+            assert launch_in_process([*SHARDED, f"parallel={strategy}", "train.steps=6", f"hydra.run.dir={run}"]) == 0
             trained[strategy] = run
         return Path(shutil.copytree(trained[strategy], tmp_path / "run"))
     return copy_for

@@ -8,7 +8,8 @@ Trained pairwise, not all three ways: a strategy that joins a process group even
 one) trains that path with the first precision (fp32); its other precisions train on 2 ranks (the same
 strategy code), so their accepted 1-rank twins, 8 real runs (~150 s of CI), proved nothing more than the
 preflight's acceptance checked here. parallel=none joins no group: each of its precisions trains on the one
-process it has."""
+process it has; fp32 and bf16 in two micro-steps, as the single-process references test_parallel.py compares
+every strategy with (the same runs, not two more)."""
 import functools
 import math
 
@@ -27,6 +28,16 @@ FIRST_PRECISION = next(iter(precision.REGISTRY))
 def trains(par: str, prec: str, ranks: int) -> bool:
     """Whether an accepted case trains here (module docstring: pairwise)."""
     return ranks == 2 or prec == FIRST_PRECISION or not parallel.choice(par).needs_group
+
+
+REFERENCES = ("fp32", "bf16")   # the precisions of test_parallel.py's single-process references
+
+
+def run_of(par: str, prec: str, ranks: int) -> tuple:
+    """The `trained` arguments of a case: parallel=none in fp32 or bf16 is test_parallel.py's reference."""
+    if not parallel.choice(par).needs_group and prec in REFERENCES:
+        return par, prec, ranks, "train.grad_accum=2"
+    return par, prec, ranks
 
 
 def overrides(par: str, prec: str, ranks: int):
@@ -51,7 +62,7 @@ def test_every_choice_trains_or_is_refused_in_one_line(par, prec, ranks, trained
         return
     if not trains(par, prec, ranks):
         return          # accepted by the preflight; trained on 2 ranks and, in a world of one, with fp32
-    summary, rows = trained(par, prec, ranks)
+    summary, rows = trained(*run_of(par, prec, ranks))
     assert summary["world_size"] == ranks and len(summary["per_rank"]) == ranks
     assert summary["choices"]["parallel"] == par and summary["choices"]["precision"] == prec
     assert rows and all(math.isfinite(r["loss"]) for r in rows)

@@ -156,9 +156,11 @@ C3_SWEEP = "python -m ablate.sweeps c3_no_sync --repeats auto --max-repeats 3 --
 
 def test_the_documented_sweep_repeats_until_decided_with_intervals_and_exact_comm(user):
     """The README's c3 sweep, typed above (2-rank runs, 4 or 6 of them), read here in process: interleaved
-    repeats, one shared peak, the exact eighth of the bytes, intervals, and repeats that stopped by themselves
-    and say why (report/sequential.py); each run's trace drawn as a timeline. (It was a sweep of its own in
-    test_report.py: ~100 s of CI for the same runs.)"""
+    repeats, one shared peak, the exact eighth of the bytes and of the calls in every pair (one all-reduce of
+    each gradient per optimizer step), intervals, and repeats that stopped by themselves and say why
+    (report/sequential.py); each run's trace drawn as a timeline. (It was a sweep of its own in
+    test_report.py, ~100 s of CI for the same runs; test_parallel.py's no_sync test, two more runs of exactly
+    this pair, ~50 s.)"""
     sweep, typed = user[0] / "sweeps_out" / "c3", TYPED.get(C3_SWEEP)
     assert typed is not None and typed.returncode == 0, f"`{C3_SWEEP}` did not run above (README.md changed?)"
     assert "report: sweeps_out/c3/report.md" in typed.stdout and "look at n=2: " in typed.stdout   # as typed: relative
@@ -175,6 +177,11 @@ def test_the_documented_sweep_repeats_until_decided_with_intervals_and_exact_com
     comm = rows["comm_bytes_per_step"]
     assert comm["n"] == str(repeats) and comm["exact"] == "True" and float(comm["measured"]) == pytest.approx(0.875)
     assert comm["verdict"] == "reproduced"
+    for synced, deferred in zip(summaries[0::2], summaries[1::2]):   # each repeat's pair: exactly an eighth
+        assert (synced["choices"]["parallel"], deferred["choices"]["parallel"]) == ("ddp_sync", "ddp")
+        assert deferred["comm_bytes_per_step"] / synced["comm_bytes_per_step"] == 0.125
+        assert deferred["comm_calls_per_step"] / synced["comm_calls_per_step"] == 0.125
+        assert deferred["comm_bytes_per_step"] == deferred["state_bytes"]["grads"]   # every fp32 gradient, once
     speed = rows["tokens_per_s"]
     assert speed["effect_kind"] == "ratio"   # 8 steps, n=2 or 3: an interval, or why none is printed
     assert (speed["ci_low"] and speed["ci_high"]) or "too small for an interval" in speed["reason"], speed
