@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List
 
@@ -102,23 +103,50 @@ def _entry_main() -> int:
 LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-def launch_in_process(args: List[str]) -> int:
-    """`python -m ablate ARGS` as main() in this process, as launcher of its ranks when it has several: they are
-    real processes, forked by the fork server this process started with its first such run and keeps (each
-    later one starts without the ~7 CPU-s of a launcher's and a server's imports). What torch's elastic agent
-    leaves behind, handlers on SIGINT/SIGTERM/SIGHUP/SIGQUIT and TORCHELASTIC_* variables, is put back as it
-    was: this process is the test run's."""
+@contextmanager
+def as_a_process_of_its_own():
+    """An entry point run in this process leaves it as it found it: what torch's elastic agent or a driver sets
+    (handlers on SIGINT/SIGTERM/SIGHUP/SIGQUIT, TORCHELASTIC_* variables), sys.argv and the environment are
+    put back: this process is the test run's."""
     saved_argv, saved_env = sys.argv, dict(os.environ)
     handlers = {s: signal.getsignal(s) for s in LAUNCHER_SIGNALS}
-    sys.argv = ["ablate", *args]
     try:
-        return _entry_main()
+        yield
     finally:
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
         for s, handler in handlers.items():
             signal.signal(s, handler)
+
+
+def launch_in_process(args: List[str]) -> int:
+    """`python -m ablate ARGS` as main() in this process, as launcher of its ranks when it has several: they are
+    real processes, forked by the fork server this process started with its first such run and keeps (each
+    later one starts without the ~7 CPU-s of a launcher's and a server's imports)."""
+    with as_a_process_of_its_own():
+        sys.argv = ["ablate", *args]
+        return _entry_main()
+
+
+def cli_in_process(capsys, args: List[str], env: Dict[str, str] = None) -> subprocess.CompletedProcess:
+    """run_cli's result from `python -m ablate ARGS` as main() in this process (as launch_in_process), with
+    run_cli's environment: for a command whose work is done by processes of its own (Slurm's tasks, a -m
+    grid's jobs, several ranks) and whose lines are the test's."""
+    capsys.readouterr()
+    with as_a_process_of_its_own():
+        os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})})
+        sys.argv = ["ablate", *args]
+        code = _entry_main()
+    said = capsys.readouterr()
+    return subprocess.CompletedProcess(sys.argv, code, said.out, said.err)
+
+
+def drive_in_process(main, argv: List[str]) -> int:
+    """A driver's main(argv) (ablate.sweeps, ablate.tune) in this process, its runs processes of their own as
+    ever: the driver's ~5 CPU-s of imports and checks paid once by this process."""
+    with as_a_process_of_its_own():
+        return main(argv)
 
 
 def run_cli(args: List[str], cwd: Path = REPO, timeout: int = 600, env: Dict[str, str] = None):

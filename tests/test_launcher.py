@@ -1,19 +1,20 @@
-"""launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing."""
+"""launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing (each command's
+main() in process, ~1 s: a dry run trains nothing; the README types one as a process)."""
 import sys
 
-from conftest import run_cli, run_module
+from conftest import main_in_process
 
 
-def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path):
-    result = run_cli(["launcher=slurm", "launcher.dry_run=true", "parallel=zero3", "nccl=tuned",
-                      "allocator=expandable", f"hydra.run.dir={tmp_path}"])
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path, monkeypatch, capsys):
+    assert main_in_process(monkeypatch, ["launcher=slurm", "launcher.dry_run=true", "parallel=zero3", "nccl=tuned",
+                                         "allocator=expandable", f"hydra.run.dir={tmp_path}"]) == 0
+    result = capsys.readouterr()
     script = (tmp_path / "sbatch.sh").read_text()
     for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --signal=USR2@90", "export NCCL_ALGO=RING",
                  "export PYTORCH_ALLOC_CONF=expandable_segments:True,max_split_size_mb:128"):
         assert line in script
-    assert str(tmp_path / "sbatch.sh") in result.stdout
+    assert str(tmp_path / "sbatch.sh") in result.out
     assert list((tmp_path / "slurm").iterdir()) == []   # nothing submitted; its log folder made, for Slurm
     # a script a user can submit as written: logs where Slurm can write, requeue, the profile's python
     assert f"#SBATCH --output={tmp_path}/slurm/%j.out" in script and "#SBATCH --requeue" in script
@@ -22,11 +23,12 @@ def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path):
     assert "launcher.dry_run=false" in script and 'RESUME=train.resume=' in script
 
 
-def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path):
-    """Each point is prepared by its own `python -m ablate` (no training): two points, ~15 s."""
-    result = run_cli(["-m", "launcher=slurm", "launcher.dry_run=true", "parallel=ddp", "train.seed=0,1",
-                      "launcher.array_parallelism=1", f"hydra.sweep.dir={tmp_path}"], env={"PATH": "/nonexistent"})
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path, monkeypatch):
+    """Each point is prepared by its own `python -m ablate` (no training): two points, ~10 s."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main_in_process(monkeypatch, ["-m", "launcher=slurm", "launcher.dry_run=true", "parallel=ddp",
+                                         "train.seed=0,1", "launcher.array_parallelism=1",
+                                         f"hydra.sweep.dir={tmp_path}"]) == 0
     script = (tmp_path / "sbatch_array.sh").read_text()
     assert "#SBATCH --array=0-1%1" in script and "#SBATCH --nodes=8" in script
     assert "%A_%a" in script                                  # each task its own log folder
@@ -34,14 +36,16 @@ def test_a_dry_run_sweep_writes_one_job_array_script(tmp_path):
     assert not (tmp_path / "slurm").exists()                  # nothing submitted
 
 
-def test_a_dry_run_of_ablate_sweeps_writes_one_allocation_for_the_whole_sweep(tmp_path):
+def test_a_dry_run_of_ablate_sweeps_writes_one_allocation_for_the_whole_sweep(tmp_path, monkeypatch, capsys):
     """`ablate.sweeps ... launcher=slurm launcher.dry_run=true`: D/sweep.sbatch holds the largest run's nodes,
     its driver is the same command (the runs become its job steps), nothing is submitted (no Slurm here)."""
+    from ablate.sweeps.__main__ import main as sweeps_main
+
     sweep = tmp_path / "D"
-    result = run_module("ablate.sweeps", ["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", "logger=none",
-                                          "launcher=slurm", "launcher.dry_run=true", "launcher.nodes=2"],
-                        env={"PATH": "/nonexistent"})
-    assert result.returncode == 0, result.stderr[-2000:]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert sweeps_main(["c3_no_sync", "--repeats", "2", "--dir", str(sweep), "--", "logger=none", "launcher=slurm",
+                        "launcher.dry_run=true", "launcher.nodes=2"]) == 0
+    result = capsys.readouterr()
     script = (sweep / "sweep.sbatch").read_text()
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --signal=B:USR2@90", "#SBATCH --requeue",
                  f"#SBATCH --output={sweep}/slurm/%j.out"):
@@ -49,22 +53,23 @@ def test_a_dry_run_of_ablate_sweeps_writes_one_allocation_for_the_whole_sweep(tm
     driver = script.splitlines()[-1]
     assert driver.startswith(f"exec {sys.executable} -u -m ablate.sweeps c3_no_sync --repeats=2 ")
     assert f"--dir={sweep}" in driver and driver.endswith("launcher.nodes=2")
-    assert "sweep.sbatch" in result.stdout and "nothing submitted" in result.stdout
+    assert "sweep.sbatch" in result.out and "nothing submitted" in result.out
     assert (sweep / "plan.json").exists() and list((sweep / "slurm").iterdir()) == []
     assert not list(sweep.glob("*/*/config.yaml"))     # no run started
 
 
-def test_slurm_missing_is_one_line(tmp_path):
-    result = run_cli(["launcher=slurm", "parallel=ddp", f"hydra.run.dir={tmp_path}/run"], env={"PATH": "/nonexistent"})
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "sbatch not found" in result.stderr and not (tmp_path / "run").exists()
+def test_slurm_missing_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main_in_process(monkeypatch, ["launcher=slurm", "parallel=ddp", f"hydra.run.dir={tmp_path}/run"]) == 2
+    result = capsys.readouterr()
+    assert result.err.strip().splitlines() == [result.err.strip()]
+    assert "sbatch not found" in result.err and not (tmp_path / "run").exists()
 
 
-def test_the_dry_run_needs_no_slurm_installed(tmp_path):
-    result = run_cli(["launcher=slurm", "launcher.dry_run=true", "parallel=ddp", f"hydra.run.dir={tmp_path}"],
-                     env={"PATH": "/nonexistent"})
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_the_dry_run_needs_no_slurm_installed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main_in_process(monkeypatch, ["launcher=slurm", "launcher.dry_run=true", "parallel=ddp",
+                                         f"hydra.run.dir={tmp_path}"]) == 0
     assert "#SBATCH --nodes=8" in (tmp_path / "sbatch.sh").read_text()
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_jsonl, run_cli
+from conftest import launch_in_process, read_jsonl, run_cli
 
 pytestmark = pytest.mark.slow
 WIDE = ["logger=none", "parallel=ddp", "launcher.nproc_per_node=2", "model.dim=1024", "model.n_layers=2",
@@ -18,10 +18,17 @@ NARROWER = [{"model.dim=1024": "model.dim=512", "model.ffn_hidden=4096": "model.
             for o in WIDE]
 
 
-def profiled(tmp_path: Path, name: str, *extra, shape=WIDE) -> dict:
-    result = run_cli([*shape, *extra, f"hydra.run.dir={tmp_path / name}"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "trace: " in result.stderr and "ui.perfetto.dev" in result.stderr
+def profiled(tmp_path: Path, name: str, *extra, shape=WIDE, typed: bool = False) -> dict:
+    """A real 2-rank run, launched from this process (conftest.launch_in_process: in the serial tier a
+    launcher's and a fork server's imports are ~7 s of wall time a run), or `typed` as `python -m ablate`,
+    whose ranks' lines (each names its trace) are then read too."""
+    args = [*shape, *extra, f"hydra.run.dir={tmp_path / name}"]
+    if typed:
+        result = run_cli(args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "trace: " in result.stderr and "ui.perfetto.dev" in result.stderr
+    else:
+        assert launch_in_process(args) == 0
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
@@ -34,7 +41,7 @@ def last_to_arrive(summary: dict, key: str) -> float:
 
 @pytest.mark.serial
 def test_no_sync_exposes_less_communication_than_syncing_every_micro_step(tmp_path):
-    synced = profiled(tmp_path, "sync", "train.grad_accum=8", "parallel.no_sync=false", shape=NARROWER)
+    synced = profiled(tmp_path, "sync", "train.grad_accum=8", "parallel.no_sync=false", shape=NARROWER, typed=True)
     deferred = profiled(tmp_path, "nosync", "train.grad_accum=8", "parallel.no_sync=true", shape=NARROWER)
     for s, name in ((synced, "sync"), (deferred, "nosync")):
         assert sorted(p.name for p in (tmp_path / name / "traces").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]

@@ -150,11 +150,15 @@ def subprocess_run(args):
 
 
 @pytest.mark.slow
-def test_c5_records_each_arms_largest_batch_and_says_why_a_cpu_cannot_judge_it(tmp_path):
-    result = subprocess_run(["-m", "ablate.sweeps", "c5_expandable", "--dir", str(tmp_path), "--batch-search",
-                             "multiple_of=32", "--batch-search", "limit=32", "--", "logger=none",   # 1 trial per arm
-                             "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128"])
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_c5_records_each_arms_largest_batch_and_says_why_a_cpu_cannot_judge_it(tmp_path, capsys):
+    """The sweep's driver in process (conftest.drive_in_process); its searches, trials and runs processes."""
+    from ablate.sweeps.__main__ import main as sweeps_main
+    from conftest import drive_in_process
+
+    code = drive_in_process(sweeps_main, ["c5_expandable", "--dir", str(tmp_path), "--batch-search", "multiple_of=32",
+                                          "--batch-search", "limit=32", "--", "logger=none",   # 1 trial per arm
+                                          "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128"])
+    assert code == 0, capsys.readouterr().err[-3000:]
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("c5_expandable/*/summary.json"))]
     assert len(summaries) == 2     # the searches' own runs and trials are not runs of the sweep
     for s in summaries:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import slurm_cluster
-from conftest import REPO, read_jsonl, run_cli, run_module
+from conftest import REPO, cli_in_process, read_jsonl, run_cli, run_module
 from planted import planted
 from slurm_cluster import job_id, release_requeue_hold, story, submit_and_wait_for_metrics, wait_releasing_requeue_holds
 
@@ -33,8 +33,8 @@ def local_slurm():
         slurm_cluster.stop()
 
 
-def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path):
-    result = run_cli([*LOCAL_JOB, "launcher.wait=true", "train.steps=8", f"hydra.run.dir={tmp_path}"], timeout=300)
+def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path, capsys):
+    result = cli_in_process(capsys, [*LOCAL_JOB, "launcher.wait=true", "train.steps=8", f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "submitted Slurm job" in result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -73,9 +73,9 @@ def test_a_tune_on_slurm_is_one_allocation_whose_trials_are_job_steps(tmp_path):
     assert "2 trial(s) already done" in again.stdout
 
 
-def test_a_failing_job_shows_its_error_here(tmp_path):
-    result = run_cli([*LOCAL_JOB, "launcher.wait=true", "train.steps=20", f"hydra.run.dir={tmp_path}"],
-                     env=planted(failure="0:3"), timeout=300)
+def test_a_failing_job_shows_its_error_here(tmp_path, capsys):
+    result = cli_in_process(capsys, [*LOCAL_JOB, "launcher.wait=true", "train.steps=20", f"hydra.run.dir={tmp_path}"],
+                            env=planted(failure="0:3"))
     assert result.returncode == 1
     assert "injected failure on rank 0 at step 3" in result.stderr
     assert "failed" in result.stderr.splitlines()[-1]
@@ -144,10 +144,11 @@ def test_scancel_term_ends_the_waiting_command_in_one_line_naming_the_checkpoint
     assert f"train.resume={tmp_path}" in last and "failed" not in last
 
 
-def test_bad_slurm_input_is_refused_before_submitting(tmp_path):
-    short = run_cli(["launcher=slurm", "parallel=ddp", "launcher.timeout_min=1", f"hydra.run.dir={tmp_path}/a"])
+def test_bad_slurm_input_is_refused_before_submitting(tmp_path, capsys):
+    short = cli_in_process(capsys, ["launcher=slurm", "parallel=ddp", "launcher.timeout_min=1",
+                                    f"hydra.run.dir={tmp_path}/a"])
     assert short.returncode == 2 and "launcher.signal_delay_s=90" in short.stderr
-    no_ranks = run_cli(["launcher=slurm", "parallel=none", f"hydra.run.dir={tmp_path}/b"])
+    no_ranks = cli_in_process(capsys, ["launcher=slurm", "parallel=none", f"hydra.run.dir={tmp_path}/b"])
     assert no_ranks.returncode == 2 and "parallel=none with 64 ranks" in no_ranks.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -164,32 +165,33 @@ def test_hydras_own_submitit_launcher_also_works(tmp_path):
     assert len(summaries) == 2 and all(s["world_size"] == 2 for s in summaries)
 
 
-def test_a_request_no_node_can_hold_is_refused_before_submitting(tmp_path):
+def test_a_request_no_node_can_hold_is_refused_before_submitting(tmp_path, capsys):
     """The default 8 CPUs per task, two tasks, on nodes with fewer CPUs (4 as .ci/run starts the cluster, 2 as
     the README's start_local.sh does here): one line, nothing submitted or left."""
     cpus = int(subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
     assert cpus < 16
-    result = run_cli(["launcher=slurm", "parallel=ddp", "launcher.nodes=1", "launcher.nproc_per_node=2",
-                      "launcher.gpus_per_node=0", f"hydra.run.dir={tmp_path}/run"])
+    result = cli_in_process(capsys, ["launcher=slurm", "parallel=ddp", "launcher.nodes=1", "launcher.nproc_per_node=2",
+                                     "launcher.gpus_per_node=0", f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "launcher.nproc_per_node=2 x launcher.cpus_per_task=8 = 16 CPUs per node" in result.stderr
     assert f"launcher.cpus_per_task<={cpus // 2}" in result.stderr and not (tmp_path / "run").exists()
 
 
-def test_sbatch_refusing_the_job_is_one_line_and_leaves_no_run_dir(tmp_path):
+def test_sbatch_refusing_the_job_is_one_line_and_leaves_no_run_dir(tmp_path, capsys):
     """Unchecked, the default 8 GPUs per node reach sbatch, which refuses the gres on a cluster without GPUs."""
-    result = run_cli(["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false", "launcher.nodes=1",
-                      "launcher.nproc_per_node=2", "launcher.cpus_per_task=1", f"hydra.run.dir={tmp_path}/run"])
+    result = cli_in_process(capsys, ["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false",
+                                     "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.cpus_per_task=1",
+                                     f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "sbatch refused the job: Invalid generic resource (gres) specification" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
-def test_a_job_that_can_never_start_ends_the_wait_and_is_cancelled(tmp_path):
+def test_a_job_that_can_never_start_ends_the_wait_and_is_cancelled(tmp_path, capsys):
     """Unchecked, 16 CPUs per node pend with Reason=PartitionConfig forever: the wait shows it and gives up."""
-    result = run_cli(["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false", "launcher.nodes=1",
-                      "launcher.nproc_per_node=2", "launcher.gpus_per_node=0", "launcher.wait=true",
-                      f"hydra.run.dir={tmp_path}/run"], timeout=120)
+    result = cli_in_process(capsys, ["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false",
+                                     "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
+                                     "launcher.wait=true", f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode == 2, result.stderr
     assert "PENDING (PartitionConfig)" in result.stderr
     last = result.stderr.strip().splitlines()[-1]
@@ -199,12 +201,12 @@ def test_a_job_that_can_never_start_ends_the_wait_and_is_cancelled(tmp_path):
     assert state in ("", "CANCELLED", "COMPLETING") and not (tmp_path / "run").exists()
 
 
-def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path):
+def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path, capsys):
     """`launcher.dry_run=true` writes sbatch.sh; `sbatch sbatch.sh`, typed by a user, trains 2 ranks."""
     venv = os.path.dirname(os.path.dirname(sys.executable))
     run_dir = tmp_path / "run"
-    result = run_cli([*LOCAL_JOB, "launcher.dry_run=true", "train.steps=6",
-                      f"launcher.setup=[source {venv}/bin/activate]", f"hydra.run.dir={run_dir}"], timeout=120)
+    result = cli_in_process(capsys, [*LOCAL_JOB, "launcher.dry_run=true", "train.steps=6",
+                                     f"launcher.setup=[source {venv}/bin/activate]", f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     submitted = subprocess.run(["sbatch", "--parsable", str(run_dir / "sbatch.sh")], capture_output=True, text=True,
                                env={**slurm_cluster.SYSTEM_PATH, "HOME": os.environ.get("HOME", "/root")})

@@ -8,7 +8,7 @@ import pytest
 
 from ablate.config import ConfigError
 from ablate.tune import Trial, best_two, direction, pareto, parse_space, prune_reason
-from conftest import run_module
+from conftest import drive_in_process
 
 
 def test_the_space_and_the_direction():
@@ -136,15 +136,20 @@ def test_a_multirun_job_returns_its_objective(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tune_prunes_runs_and_continues(tmp_path):
+def test_a_tune_prunes_runs_and_continues(tmp_path, capsys):
+    """Two calls of the driver in process (conftest.drive_in_process), each trial a process of its own."""
+    from ablate.tune.__main__ import main as tune_main
+
     d = tmp_path / "tune"
     common = ["--space", "train.batch_size=2,4,4096", "--mem-budget-gb", "1", "--dir", str(d), "--", "logger=none",
               "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=128"]
-    first = run_module("ablate.tune", ["--trials", "2", *common])
-    assert first.returncode in (0, 1), first.stderr[-2000:]   # 1: both trials pruned or failed (no winner)
-    second = run_module("ablate.tune", ["--trials", "3", *common])
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "continuing the tune" in second.stdout
+    first = drive_in_process(tune_main, ["--trials", "2", *common])
+    assert first in (0, 1), capsys.readouterr().err[-2000:]   # 1: both trials pruned or failed (no winner)
+    capsys.readouterr()
+    second = drive_in_process(tune_main, ["--trials", "3", *common])
+    said = capsys.readouterr()
+    assert second == 0, said.err[-3000:]
+    assert "continuing the tune" in said.out
     rows = list(csv.DictReader((d / "tune.csv").open()))
     states = {r["overrides"]: r["state"] for r in rows}
     assert states == {"train.batch_size=2": "complete", "train.batch_size=4": "complete",

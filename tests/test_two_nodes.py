@@ -12,7 +12,7 @@ import time
 import pytest
 
 import slurm_cluster
-from conftest import AS_TYPED_IN_A_TERMINAL, REPO, read_jsonl, run_cli, run_module
+from conftest import AS_TYPED_IN_A_TERMINAL, REPO, cli_in_process, read_jsonl, run_cli, run_module
 from planted import planted
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
@@ -47,9 +47,9 @@ def single_process(tmp_path_factory):
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "zero3"])
-def test_two_nodes_train_one_rank_each_and_match_one_process(tmp_path, single_process, parallel):
-    result = run_cli([*TWO_NODES, f"parallel={parallel}", *SHORT, "launcher.wait=true", f"hydra.run.dir={tmp_path}"],
-                     timeout=400)
+def test_two_nodes_train_one_rank_each_and_match_one_process(tmp_path, single_process, parallel, capsys):
+    result = cli_in_process(capsys, [*TWO_NODES, f"parallel={parallel}", *SHORT, "launcher.wait=true",
+                                     f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["hosts"] == ["node1", "node2"] and summary["ranks_by_host"] == {"node1": [0], "node2": [1]}
@@ -72,11 +72,11 @@ def test_a_preempted_two_node_job_resumes_with_every_step_exactly_once(tmp_path)
     assert 0 < summary["resumed_from_step"] < steps and summary["hosts"] == ["node1", "node2"]
 
 
-def test_a_failure_on_node2_ends_the_job_and_shows_node2s_error_here(tmp_path):
+def test_a_failure_on_node2_ends_the_job_and_shows_node2s_error_here(tmp_path, capsys):
     started = time.monotonic()
-    result = run_cli([*TWO_NODES, "parallel=ddp", "launcher.wait=true", "train.steps=200", "train.log_every=5",
-                      "dataloader.read_latency_ms=20", f"hydra.run.dir={tmp_path}"],
-                     env=planted(failure="1:3"), timeout=300)
+    result = cli_in_process(capsys, [*TWO_NODES, "parallel=ddp", "launcher.wait=true", "train.steps=200",
+                                     "train.log_every=5", "dataloader.read_latency_ms=20", f"hydra.run.dir={tmp_path}"],
+                            env=planted(failure="1:3"))
     took = time.monotonic() - started
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -94,11 +94,11 @@ def test_a_two_point_sweep_runs_each_point_on_two_nodes(tmp_path):
     assert len({s["loss"] for s in summaries}) == 2
 
 
-def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path):
+def test_two_nodes_by_two_ranks_lay_the_ranks_out_node_by_node(tmp_path, capsys):
     """2 x 2 on nodes that advertise 4 CPUs (SLURM_CI_CPUS): ranks 0,1 on node1 and 2,3 on node2, each
     node's local ranks 0 and 1. Four ranks of one micro-step = the reference's batch x2, so no loss check."""
-    result = run_cli([*TWO_NODES, "launcher.nproc_per_node=2", "parallel=ddp", *SHORT, "launcher.wait=true",
-                      f"hydra.run.dir={tmp_path}"], timeout=400)
+    result = cli_in_process(capsys, [*TWO_NODES, "launcher.nproc_per_node=2", "parallel=ddp", *SHORT,
+                                     "launcher.wait=true", f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["ranks_by_host"] == {"node1": [0, 1], "node2": [2, 3]}
