@@ -1,4 +1,7 @@
-"""Shared helpers: Hydra's real compose API on conf/, and real runs (in this process or as `python -m ablate`)."""
+"""Shared helpers: Hydra's real compose API on conf/, and real runs: in this process (a 1-rank run trains here), as
+`python -m ablate` (a process of its own: what a user types), or with the command's front in this process and its
+work in processes of its own (several ranks, Slurm's tasks, a driver's runs: launch_in_process, cli_in_process,
+drive_in_process), which saves each such run a launcher's imports, ~3-7 CPU-s on a 2-core host bound by CPU."""
 from __future__ import annotations
 
 import atexit

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from ablate import report
-from conftest import run_cli
+from conftest import cli_in_process
 
 SWEEP = {"name": "c3_no_sync", "claim": "C3", "technique": "DDP deferred reduction", "knob": "parallel.no_sync",
          "baseline": False, "treatment": True, "claimed_text": "87.5% less traffic",
@@ -126,9 +126,11 @@ def test_report_of_nothing_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_hydra_multirun_with_a_repeat_axis_interleaves_the_arms(tmp_path):
-    result = run_cli(["+sweeps=aa_noise", "sweep.repeat=0,1", "logger=none", "train.steps=4", "train.warmup_steps=1",
-                      "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path}"])
+def test_hydra_multirun_with_a_repeat_axis_interleaves_the_arms(tmp_path, capsys):
+    """The call's main() in this process (conftest.cli_in_process), its 4 jobs processes of their own."""
+
+    result = cli_in_process(capsys, ["+sweeps=aa_noise", "sweep.repeat=0,1", "logger=none", "train.steps=4",
+                                     "train.warmup_steps=1", "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     dirs = sorted(tmp_path.glob("[0-9]*"), key=lambda p: int(p.name.split("_")[0]))
     order = [json.loads((d / "summary.json").read_text())["sweep"] for d in dirs]

@@ -10,7 +10,7 @@ import pytest
 
 from ablate import report
 from ablate.logger import run_identity
-from conftest import run_cli
+from conftest import cli_in_process
 from test_report import SWEEP, c3_run
 
 GROUP = "c3_no_sync-D"
@@ -69,11 +69,12 @@ def test_a_sweeps_runs_are_tagged_with_its_name():
 
 
 @pytest.mark.slow
-def test_an_adhoc_multirun_groups_its_runs_by_call(tmp_path):
+def test_an_adhoc_multirun_groups_its_runs_by_call(tmp_path, capsys):
+    """The -m call's main() in this process (conftest.cli_in_process), its 2 jobs processes with W&B offline."""
     from wandb_file import digest
 
-    result = run_cli(["-m", "precision=fp32,bf16", "train.steps=3", "train.warmup_steps=1",
-                      "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path / 'call7'}"])
+    result = cli_in_process(capsys, ["-m", "precision=fp32,bf16", "train.steps=3", "train.warmup_steps=1",
+                                     "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path / 'call7'}"])
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(tmp_path.glob("call7/*/wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2
