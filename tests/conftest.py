@@ -142,7 +142,7 @@ def cli_in_process(capsys, args: List[str], env: Dict[str, str] = None) -> subpr
         sys.argv = ["ablate", *args]
         code = _entry_main()
     said = capsys.readouterr()
-    return subprocess.CompletedProcess(sys.argv, code, said.out, said.err)
+    return subprocess.CompletedProcess(["ablate", *args], code, said.out, said.err)
 
 
 def drive_in_process(main, argv: List[str]) -> int:
