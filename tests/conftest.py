@@ -103,6 +103,7 @@ def _entry_main() -> int:
     return 0
 
 
+COMMAND_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}   # what every command the tests start runs with
 LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -138,9 +139,8 @@ def cli_in_process(capsys, args: List[str], env: Dict[str, str] = None) -> subpr
     grid's jobs, several ranks) and whose lines are the test's."""
     capsys.readouterr()
     with as_a_process_of_its_own():
-        os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})})
-        sys.argv = ["ablate", *args]
-        code = _entry_main()
+        os.environ.update({**COMMAND_ENV, **(env or {})})
+        code = launch_in_process(args)
     said = capsys.readouterr()
     return subprocess.CompletedProcess(["ablate", *args], code, said.out, said.err)
 
@@ -154,14 +154,14 @@ def drive_in_process(main, argv: List[str]) -> int:
 
 def run_cli(args: List[str], cwd: Path = REPO, timeout: int = 600, env: Dict[str, str] = None):
     """`python -m ablate ARGS` in a real subprocess."""
-    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    full_env = {**os.environ, **COMMAND_ENV, **(env or {})}
     return subprocess.run([sys.executable, "-m", "ablate", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
 
 
 def run_module(module: str, args: List[str], timeout: int = 600, env: Dict[str, str] = None):
     """`python -m MODULE ARGS` (ablate.maxbatch, ablate.sweeps, ...) in a real subprocess."""
-    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    full_env = {**os.environ, **COMMAND_ENV, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
 
