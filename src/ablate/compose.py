@@ -132,16 +132,13 @@ def registries() -> Dict[str, Mapping]:
 def check_choices(cfg: AblateConfig) -> None:
     """Every group's `name` is one its registry implements, and the strategy can run on the ranks asked."""
     found = registries()
-    parallel = found["parallel"]
     for group, registry in found.items():
         name = getattr(cfg, group).name
         if name not in registry:
             raise ConfigError(f"{group}.name={name}: not a valid choice; valid choices: {', '.join(registry)}")
-    world = cfg.launcher.world_size
-    if world > 1 and not parallel[cfg.parallel.name].needs_group:
-        several = [c for c, spec in parallel.items() if spec.needs_group]
-        raise ConfigError(f"parallel={cfg.parallel.name} with {world} ranks (launcher nodes x nproc_per_node): one "
-                          f"process only; valid choices for several ranks: {', '.join(several)}")
+    from ablate.parallel import layout_of  # torch, as registries(): paid once the config passed Hydra and the schema
+
+    layout_of(cfg)   # the ranks' layout (parallel/mesh.py): tp, shard_size and the world agree, or one line
 
 
 def check_hardware(cfg: AblateConfig) -> None:

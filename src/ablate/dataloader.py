@@ -63,9 +63,10 @@ class RankBatches(Sampler):
             i += 1
 
 
-def build_loader(train: TrainConfig, data: DataloaderConfig, source: DataConfig, vocab_size: int, rank: int,
-                 world_size: int, start_micro_step: int, device: torch.device) -> DataLoader:
-    """Batches from `source` (conf/data: data.py), delivered as `data` (conf/dataloader) says."""
+def build_loader(train: TrainConfig, data: DataloaderConfig, source: DataConfig, vocab_size: int, dp_rank: int,
+                 dp_degree: int, start_micro_step: int, device: torch.device) -> DataLoader:
+    """Batches from `source` (conf/data: data.py), delivered as `data` (conf/dataloader) says: this data-parallel
+    rank's share of dp_degree (parallel/mesh.py; the ranks of a tensor-parallel group read the same batches)."""
     tokens = tokens_of(source)
     if tokens is None:
         dataset = SyntheticBatches(vocab_size, train.batch_size, train.seq_len, train.seq_len_min,
@@ -74,7 +75,7 @@ def build_loader(train: TrainConfig, data: DataloaderConfig, source: DataConfig,
         dataset = TokenBatches(tokens, train.batch_size, train.seq_len, train.seed)
     workers = data.num_workers
     return DataLoader(
-        dataset, batch_size=None, sampler=RankBatches(rank, world_size, start_micro_step),
+        dataset, batch_size=None, sampler=RankBatches(dp_rank, dp_degree, start_micro_step),
         num_workers=workers, pin_memory=data.pin_memory and device.type == "cuda",
         prefetch_factor=data.prefetch_factor if workers else None,
         persistent_workers=data.persistent_workers if workers else False)

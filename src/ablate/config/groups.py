@@ -112,8 +112,14 @@ class PrecisionConfig:
 
 @dataclass
 class ParallelConfig:
-    """Data-parallel strategy. DeepSpeed fields apply to zero1/2/3 only."""
+    """The layout of the ranks (docs/layouts.md): the data-parallel strategy (`name`), the tensor-parallel degree
+    (`tp`) and, for hsdp, the shard group (`shard_size`); decoded once into a device mesh (parallel/mesh.py).
+    DeepSpeed fields apply to zero1/2/3 only."""
     name: str = "none"
+    tp: int = num(1, 1)                  # tensor-parallel degree: ranks that split each layer (the mesh's inner dim)
+    # hsdp: data-parallel ranks in one shard group (sharded within, replicated across); null: one node's
+    # ranks, launcher.nproc_per_node / tp
+    shard_size: Optional[int] = num(None, 1, null="one node's data-parallel ranks")
     no_sync: bool = True                 # ddp: all-reduce once per optimizer step, not every micro-step
     bucket_cap_mb: Optional[float] = num(None, 0, low_open=True, null="torch's 25 MB")   # ddp: gradient bucket size
     reshard_after_forward: bool = True   # fsdp2
@@ -272,11 +278,13 @@ class AblateConfig:
         if isinstance(self.model, dict):
             self.model = model_from_node(self.model)
         t, world = self.train, self.launcher.world_size
-        if t.global_batch_size is not None:
-            per_step = world * t.grad_accum
+        if t.global_batch_size is not None:   # over the data-parallel ranks: a tensor-parallel group shares a batch
+            dp = max(1, world // self.parallel.tp)
+            per_step = dp * t.grad_accum
             if t.global_batch_size % per_step or t.global_batch_size < per_step:
                 raise ConfigError(f"train.global_batch_size={t.global_batch_size}: does not split over "
-                                  f"{world} ranks x train.grad_accum={t.grad_accum}; use a multiple of {per_step}")
+                                  f"{dp} data-parallel ranks x train.grad_accum={t.grad_accum}; use a multiple of "
+                                  f"{per_step}")
             t.batch_size = t.global_batch_size // per_step
         spec = self.metrics.profile_steps
         if spec is not None and (len(spec) != 2 or spec[0] < 1 or spec[1] < 1 or sum(spec) - 1 > self.train.steps):

@@ -58,7 +58,7 @@ class HFModelConfig:
 
 
 # keys of a user's model node that ablate reads; every other key is an argument of `_target_`
-USER_MODEL_KEYS = ("name", "_target_", "blocks", "activation_checkpointing", "max_seq_len")
+USER_MODEL_KEYS = ("name", "_target_", "blocks", "activation_checkpointing", "max_seq_len", "tp_plan")
 
 
 @dataclass
@@ -71,13 +71,17 @@ class UserModelConfig:
     blocks: Optional[str] = None
     activation_checkpointing: bool = False
     max_seq_len: Optional[int] = None
+    # parallel.tp > 1: {module path pattern: colwise | rowwise}, as torch's parallelize_module takes it
+    # (docs/layouts.md); without one, tensor parallelism is refused for this model
+    tp_plan: Optional[Dict[str, str]] = None
 
     @classmethod
     def from_node(cls, node: Dict[str, Any]) -> "UserModelConfig":
         return cls(target=str(node["_target_"]), name=node.get("name") or "custom",
                    args={k: v for k, v in node.items() if k not in USER_MODEL_KEYS},
                    blocks=node.get("blocks"), activation_checkpointing=bool(node.get("activation_checkpointing")),
-                   max_seq_len=node.get("max_seq_len"))
+                   max_seq_len=node.get("max_seq_len"),
+                   tp_plan=dict(node["tp_plan"]) if node.get("tp_plan") else None)
 
 
 MODEL_SCHEMAS = {"base_llama": ModelConfig, "base_hf": HFModelConfig}   # conf/model files start from these

@@ -1,12 +1,15 @@
-"""Counting the collectives a strategy really issues.
+"""Counting the collectives a strategy really issues, by the mesh dim they move on.
 
-- DDP reduces gradients from C++ (its Reducer), so it is counted by a DDP communication hook that
-  wraps the default all-reduce hook and adds each bucket's bytes.
-- FSDP2 and DeepSpeed call torch.distributed's Python collectives; `CollectiveCounter` wraps those
-  functions for the life of the run (installed before DeepSpeed captures references to them).
-Payload of one call = the bytes of the full buffer it works on: the tensor of an all-reduce or a
-broadcast, the gathered output of an all-gather, the input of a reduce-scatter (the largest tensor
-argument in each case). Only the outermost call counts (one collective may call another).
+- torch.distributed's Python collectives (FSDP2, HSDP, DeepSpeed, DDP's all-reduce comm hook) and the functional
+  collectives DTensor calls for tensor parallelism (`torch.distributed._functional_collectives`, the module
+  DTensor's placements look each function up in at call time) are wrapped by `CollectiveCounter` for the life
+  of the run (installed before DeepSpeed captures references to them).
+- Each call's process group names its mesh dim (`dims`: group name -> dp_replicate | dp_shard | tp, from
+  parallel/mesh.py); a call on the default group, or a group the mesh did not make (DeepSpeed's own), counts
+  on the dim spanning the world (`default_dim`), else on "other".
+Payload of one call = the bytes of the full buffer it works on: the tensor of an all-reduce or a broadcast,
+the gathered output of an all-gather, the input of a reduce-scatter (the largest tensor argument or result
+in each case). Only the outermost call counts (one collective may call another).
 ablate's own bookkeeping collectives run under `paused()` and are not counted.
 """
 from __future__ import annotations
@@ -14,19 +17,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather",
                "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter",
                "broadcast", "all_reduce_coalesced", "reduce", "all_to_all_single")
+# what DTensor (tensor parallelism) calls; the *_autograd and coalesced variants call these or go to C++ alike
+FUNCTIONAL = ("all_reduce", "all_gather_single", "all_gather_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+              "all_to_all_single", "broadcast", "all_gather_single_autograd", "reduce_scatter_single_autograd",
+              "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd", "all_to_all_single_autograd")
 _local = threading.local()
 
 
-def payload_bytes(args, kwargs) -> int:
+def payload_bytes(args, kwargs, result=None) -> int:
     best = 0
-    for value in (*args, *kwargs.values()):
+    for value in (*args, *kwargs.values(), result):
         if isinstance(value, torch.Tensor):
             best = max(best, value.numel() * value.element_size())
         elif isinstance(value, (list, tuple)) and value and all(isinstance(t, torch.Tensor) for t in value):
@@ -44,51 +53,63 @@ def paused():
         _local.depth = previous
 
 
-class CollectiveCounter:
-    """Wraps torch.distributed's collectives; adds each outermost call to `counter`."""
+def group_name_of(args, kwargs) -> Optional[str]:
+    """The name of the process group a collective call names (a ProcessGroup, a (DeviceMesh, dim) pair or a group
+    name); None: the default group."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, dist.ProcessGroup):
+            return value.group_name
+        if isinstance(value, tuple) and len(value) == 2 and hasattr(value[0], "get_group"):
+            return value[0].get_group(value[1]).group_name
+    group = kwargs.get("group")
+    return group if isinstance(group, str) else None
 
-    def __init__(self, counter):
+
+class CollectiveCounter:
+    """Wraps torch.distributed's and the functional collectives; adds each outermost call to `counter`, on the
+    mesh dim its group is (`dims`: group name -> dim)."""
+
+    def __init__(self, counter, dims: Optional[Dict[str, str]] = None, default_dim: Optional[str] = None):
         self.counter = counter
-        self.originals = {}
+        self.dims = dims or {}
+        self.default_dim = default_dim or "other"
+        self.originals = []
+
+    def dim_of(self, args, kwargs) -> str:
+        name = group_name_of(args, kwargs)
+        return self.dims.get(name, self.default_dim) if name is not None else self.default_dim
 
     def _wrap(self, fn):
         @functools.wraps(fn)
         def counted(*args, **kwargs):
             depth = getattr(_local, "depth", 0)
             if depth == 0:
-                self.counter.add(payload_bytes(args, kwargs))
+                self.counter.entered()   # when (straggler accounting: the work before a step's first collective)
             _local.depth = depth + 1
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
             finally:
                 _local.depth = depth
+            if depth == 0:
+                self.counter.add(payload_bytes(args, kwargs, result if isinstance(result, torch.Tensor) else None),
+                                 dim=self.dim_of(args, kwargs))
+            return result
         counted.__ablate_counted__ = True
         return counted
 
     def install(self) -> "CollectiveCounter":
-        for name in COLLECTIVES:
-            fn = getattr(dist, name, None)
-            if fn is not None and not getattr(fn, "__ablate_counted__", False):
-                self.originals[name] = fn
-                setattr(dist, name, self._wrap(fn))
+        for module, names in ((dist, COLLECTIVES), (funcol, FUNCTIONAL)):
+            for name in names:
+                fn = getattr(module, name, None)
+                if fn is not None and not getattr(fn, "__ablate_counted__", False):
+                    self.originals.append((module, name, fn))
+                    setattr(module, name, self._wrap(fn))
         return self
 
     def uninstall(self) -> None:
-        for name, fn in self.originals.items():
-            setattr(dist, name, fn)
+        for module, name, fn in self.originals:
+            setattr(module, name, fn)
         self.originals.clear()
-
-
-def counting_allreduce_hook(counter):
-    """A DDP comm hook: the default all-reduce, with each bucket's bytes counted."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    def hook(process_group, bucket):
-        buffer = bucket.buffer()
-        counter.add(buffer.numel() * buffer.element_size())
-        return allreduce_hook(process_group, bucket)
-
-    return hook
 
 
 # ablate's own collectives (the logged loss, the per-rank record): paused, so never counted as the strategy's

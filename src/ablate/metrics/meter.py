@@ -44,9 +44,10 @@ def invalid_utilizations(figures: Dict[str, object], peak_source: Optional[str])
 class Meter:
     """The run's figures: called by the loop without host syncs, read at log steps and at the end."""
 
-    def __init__(self, cfg: AblateConfig, env, feeder, strategy, flop_model: F.FlopModel,
+    def __init__(self, cfg: AblateConfig, env, feeder, strategy, flop_model: F.FlopModel, layout,
                  totals: Optional[Dict[str, float]] = None):
         self.cfg, self.env, self.device, self.world_size = cfg, env, env.device, env.world_size
+        self.layout = layout   # parallel/mesh.py: the ranks of one TP group share their tokens
         self.flop_model = flop_model
         self.host = HostLoad()
         device = self.device
@@ -71,7 +72,7 @@ class Meter:
         self.excluded: Dict[str, list] = {"warmup": [], "profiled": []}   # steps the figures leave out
         self.invalid: Dict[str, Dict[str, object]] = {}
         self.totals = dict(time=0.0, steps=0, tokens=0, txl=0, flops=0.0, hw_flops=0.0, wait=0.0, copy=0.0,
-                           fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0, step_times=[])
+                           fwd_bwd=0.0, optimizer=0.0, comm_bytes=0, comm_calls=0, comm_by_dim={}, step_times=[])
         if totals:   # a resumed run: the figures cover every attempt's measured steps
             self.totals.update({k: v for k, v in totals.items() if k in self.totals})
         self.step_times = StepTimes(device, self.totals["step_times"])
@@ -156,6 +157,7 @@ class Meter:
         self._tokens0, self._txl0 = self.feeder.tokens, self.feeder.tokens_x_len
         self._wait0, self._copy0 = self.feeder.wait_s, self.feeder.copy_s
         self._comm0 = (self.strategy.comm.bytes, self.strategy.comm.calls)
+        self._by_dim0 = dict(self.strategy.comm.by_dim)
         self._steps0 = self.totals["steps"]
 
     def log_point(self, step: int) -> Dict[str, object]:
@@ -189,6 +191,9 @@ class Meter:
         wait, copy = self.feeder.wait_s - self._wait0, self.feeder.copy_s - self._copy0
         comm_bytes, comm_calls = (self.strategy.comm.bytes - self._comm0[0], self.strategy.comm.calls - self._comm0[1])
         txl = self.feeder.tokens_x_len - self._txl0
+        by_dim = self.totals["comm_by_dim"]
+        for dim, n in self.strategy.comm.by_dim.items():
+            by_dim[dim] = by_dim.get(dim, 0) + n - self._by_dim0.get(dim, 0)
         for k, v in (("time", elapsed), ("tokens", tokens), ("txl", txl), ("flops", fl.model),
                      ("hw_flops", fl.hardware),
                      ("wait", wait), ("copy", copy), ("fwd_bwd", phases.get("fwd_bwd", 0.0)),
@@ -204,7 +209,9 @@ class Meter:
                 "comm_bytes_per_step": comm_bytes / max(steps, 1), "comm_calls_per_step": comm_calls / max(steps, 1)}
 
     def _rates(self, elapsed, steps, tokens, model_flops, hw_flops, wait, copy, phases) -> Dict[str, object]:
-        per_device = tokens / elapsed
+        """`tokens`: this rank's; the tp ranks of its group trained on the same tokens, so a device's share is 1/tp
+        of them and the job's rate is the data-parallel ranks' sum."""
+        per_device = tokens / elapsed / self.layout.tp
         model_fpt, hw_fpt = model_flops / max(tokens, 1), hw_flops / max(tokens, 1)   # FLOPs per token
         out = {"tokens_per_s": per_device * self.world_size, "tokens_per_s_per_device": per_device,
                "tflops_per_device": per_device * model_fpt / 1e12, "step_time_s": elapsed / max(steps, 1),
@@ -252,6 +259,8 @@ class Meter:
             "gpu_util": sum(self.util_samples) / len(self.util_samples) if self.util_samples else None,
             "comm_bytes_per_step": t["comm_bytes"] / t["steps"],
             "comm_calls_per_step": t["comm_calls"] / t["steps"],
+            "comm_bytes_by_dim": {d: t["comm_by_dim"].get(d, 0) / t["steps"] for d in self.layout.active_dims()},
+            "tokens_per_step": t["tokens"] / t["steps"] * self.layout.dp,
             "nonfinite_steps": int(self.nonfinite.item()), "scaler_skipped_steps": self.strategy.skipped_steps(),
             "loss_scale": self.strategy.loss_scale(), "measured_steps": t["steps"],
             "excluded_steps": {k: list(v) for k, v in self.excluded.items()},

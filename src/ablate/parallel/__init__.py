@@ -13,7 +13,10 @@ import importlib
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ablate.config import AblateConfig, OptimConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from ablate.config import AblateConfig
+from ablate.parallel import tp
+from ablate.parallel.base import Breakdown
+from ablate.parallel.mesh import Layout, decode
 from ablate.precision import Precision
 
 
@@ -27,19 +30,27 @@ class Choice:
     needs_group: bool = True         # joins a process group even on one process
     checkpoint: str = "torch"        # its checkpoint's file layout: a resume keeps the layout
     checkpoint_per_world: bool = False  # the files are cut for one world size (DeepSpeed's partitions)
+    dp: str = "replicate"            # how its data-parallel ranks hold the model: single | replicate | shard | hybrid
+    tp_refused: Optional[str] = None  # why it does not compose with tensor parallelism (parallel.tp > 1), if not
 
+
+# torchtitan composes TP with FSDP2/HSDP, not with DDP, for the same reason
+NO_TP_DDP = ("torch's DistributedDataParallel takes no DTensor (tensor-parallel) parameters; for whole replicas "
+             "that compose with TP use parallel=hsdp parallel.shard_size=1 (gradients all-reduced, as DDP)")
+NO_TP_ZERO = "DeepSpeed's ZeRO keeps its own world and does not compose with torch's tensor parallelism here"
 
 REGISTRY = {
-    "none": Choice("local", "Local", needs_group=False),
-    "ddp": Choice("ddp", "DDP"),
-    "ddp_sync": Choice("ddp", "DDP"),
-    "fsdp2": Choice("fsdp2", "FSDP2", shards_like_stage=3, checkpoint="dcp"),
+    "none": Choice("local", "Local", needs_group=False, dp="single"),
+    "ddp": Choice("ddp", "DDP", tp_refused=NO_TP_DDP),
+    "ddp_sync": Choice("ddp", "DDP", tp_refused=NO_TP_DDP),
+    "fsdp2": Choice("fsdp2", "FSDP2", shards_like_stage=3, checkpoint="dcp", dp="shard"),
+    "hsdp": Choice("fsdp2", "FSDP2", shards_like_stage=3, checkpoint="dcp", dp="hybrid"),
     "zero1": Choice("zero", "Zero", zero_stage=1, shards_like_stage=1, checkpoint="deepspeed-1",
-                    checkpoint_per_world=True),
+                    checkpoint_per_world=True, dp="shard", tp_refused=NO_TP_ZERO),
     "zero2": Choice("zero", "Zero", zero_stage=2, shards_like_stage=2, checkpoint="deepspeed-2",
-                    checkpoint_per_world=True),
+                    checkpoint_per_world=True, dp="shard", tp_refused=NO_TP_ZERO),
     "zero3": Choice("zero", "Zero", zero_stage=3, shards_like_stage=3, checkpoint="deepspeed-3",
-                    checkpoint_per_world=True),
+                    checkpoint_per_world=True, dp="shard", tp_refused=NO_TP_ZERO),
 }
 
 
@@ -52,27 +63,39 @@ def strategy_class(name: str) -> type:
     return getattr(importlib.import_module(f"ablate.parallel.{c.module}"), c.cls)
 
 
+def layout_of(cfg: AblateConfig) -> Layout:
+    """The run's layout (mesh.py), decoded once: dp_replicate x dp_shard x tp; a one-line refusal if it cannot be."""
+    c = REGISTRY[cfg.parallel.name]
+    return decode(cfg, c.dp, c.tp_refused)
+
+
 def check(cfg: AblateConfig, has_cuda: bool) -> None:
     """Combinations that cannot run, refused in one line before launch (each strategy says its own)."""
+    layout_of(cfg)
     strategy_class(cfg.parallel.name).check(cfg.parallel, Precision(cfg.precision), has_cuda)
 
 
-def build(parallel: ParallelConfig, precision: PrecisionConfig, model, train: TrainConfig, optim_cfg: OptimConfig,
-          device, world_size: int):
-    """The strategy for `parallel=`, owning the numerics of `precision=` (see precision.py).
-    fp8 layers are converted before torch.compile, which comes before the strategy wraps the model."""
-    prec = Precision(precision, device)
+def build(cfg: AblateConfig, model, device, layout: Layout, mesh):
+    """The strategy for `parallel=` over the run's mesh, owning the numerics of `precision=` (see precision.py).
+    fp8 layers are converted first, then tensor parallelism splits the layers (tp.py), then torch.compile (per
+    block), then the strategy wraps the model over the data-parallel dims (torchtitan's order)."""
+    prec = Precision(cfg.precision, device)
     model = prec.prepare_model(model)
-    if train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a
+    if layout.tp > 1:
+        tp.parallelize(model, cfg.model, mesh["tp"])
+    if cfg.train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a
         for block in model.blocks.modules or [model]:   # 16-layer 1B model compiles one block (seconds)
             block.compile()
-    return strategy_class(parallel.name)(model, parallel, train, optim_cfg, prec, device, world_size)
+    return strategy_class(cfg.parallel.name)(model, cfg.parallel, cfg.train, cfg.optim, prec, device, layout, mesh)
 
 
-def plan_bytes(numels: List[int], cfg: AblateConfig):
-    """Per-rank bytes of parameters, gradients and optimizer state this strategy allocates."""
-    return strategy_class(cfg.parallel.name).plan_bytes(numels, cfg.parallel, Precision(cfg.precision),
-                                                        cfg.launcher.world_size)
+def plan_bytes(numels: List[int], cfg: AblateConfig, layout: Layout = None) -> Breakdown:
+    """Per-rank bytes of parameters, gradients and optimizer state this strategy allocates on the layout: tensor
+    parallelism divides every layer's state by tp (the embedding and head included: both are split here), then
+    the strategy divides by its shard group."""
+    layout = layout or layout_of(cfg)
+    per_tp = [n / layout.tp for n in numels]
+    return strategy_class(cfg.parallel.name).plan_bytes(per_tp, cfg.parallel, Precision(cfg.precision), layout)
 
 
-__all__ = ["REGISTRY", "Choice", "build", "check", "choice", "plan_bytes"]
+__all__ = ["REGISTRY", "Choice", "Layout", "build", "check", "choice", "layout_of", "plan_bytes"]

@@ -10,31 +10,43 @@ import contextlib
 import math
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from ablate import optim
 from ablate.config import OptimConfig, TrainConfig
+from ablate.metrics.comm import CollectiveCounter, paused
+from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.precision import Precision
 
 
 @dataclass
 class CommCounter:
-    """Collectives this rank issued for the data-parallel reduction, counted as they run; `first_at` is when
-    (host perf_counter) the first one since the meter's step began was entered (straggler accounting)."""
+    """Collectives this rank issued for the strategy (data- and tensor-parallel), counted as they run, in total and
+    by mesh dim; `first_at` is when (host perf_counter) the first one since the meter's step began was entered
+    (straggler accounting)."""
     bytes: int = 0
     calls: int = 0
     first_at: Optional[float] = None
+    by_dim: Dict[str, int] = field(default_factory=dict)
 
-    def add(self, nbytes: int, calls: int = 1) -> None:
+    def entered(self) -> None:
         if self.first_at is None:
             self.first_at = time.perf_counter()
+
+    def add(self, nbytes: int, calls: int = 1, dim: str = "other") -> None:
+        self.entered()
         self.bytes += int(nbytes)
         self.calls += calls
+        self.by_dim[dim] = self.by_dim.get(dim, 0) + int(nbytes)
 
 
 @dataclass
@@ -98,8 +110,9 @@ class Strategy(ABC):
 
     @classmethod
     @abstractmethod
-    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
-        """Predicted per-rank state bytes for parameters of these sizes (ablate.plan; tests compare)."""
+    def plan_bytes(cls, numels, parallel, precision: Precision, layout) -> Breakdown:
+        """Predicted per-rank state bytes for parameters of these sizes (already divided by the tensor-parallel
+        degree) on the layout (mesh.Layout) (ablate.plan; tests compare)."""
 
     @abstractmethod
     def autocast(self):
@@ -146,8 +159,6 @@ class Strategy(ABC):
         flags = torch.tensor([float(all(bool(torch.isfinite(t).all()) for t in local if t.numel())),
                               float(loss_finite)])
         if dist.is_initialized() and dist.get_world_size() > 1:
-            from ablate.metrics.comm import paused
-
             with paused():
                 dist.all_reduce(flags, op=dist.ReduceOp.MIN)
         return bool(flags[0].item()), bool(flags[1].item())
@@ -185,11 +196,17 @@ class TorchStrategy(Strategy):
 
     grad_reduce_dtype: Optional[torch.dtype] = torch.float32   # None: no reduction (one process)
 
-    def __init__(self, model, train: TrainConfig, optim_cfg: OptimConfig, precision: Precision, device: torch.device):
+    def __init__(self, model, train: TrainConfig, optim_cfg: OptimConfig, precision: Precision, device: torch.device,
+                 layout: Layout, mesh):
         self.model, self.train, self.precision, self.device = model, train, precision, device
+        self.layout, self.mesh = layout, mesh
         self.optimizer = optim.build(model.parameters(), optim_cfg)
         self.scaler = precision.grad_scaler()
         self.comm = CommCounter()
+        self.counter = CollectiveCounter(self.comm, group_names(mesh), world_dim(layout)).install() \
+            if mesh is not None else None
+        # DTensor parameters (tensor parallelism, FSDP2's shards): each rank writes its own (DCP), not rank 0 alone
+        self.sharded = any(isinstance(p, DTensor) for p in model.parameters())
         self.measured_state: Dict[str, int] = {}
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.numerics = precision.record(torch.float32, torch.float32, self.grad_reduce_dtype,
@@ -204,7 +221,8 @@ class TorchStrategy(Strategy):
     def clip(self) -> torch.Tensor:
         """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow."""
         max_norm = self.train.max_grad_norm or math.inf
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm   # sharded gradients: the norm over all
 
     def step(self, measure_state: bool = False) -> torch.Tensor:
         if self.scaler is not None:
@@ -245,15 +263,45 @@ class TorchStrategy(Strategy):
         return getattr(self.model, "module", self.model)
 
     def save_checkpoint(self, directory: Path) -> None:
-        """Replicated state: rank 0 writes one file of tensors and plain values (loadable weights_only)."""
+        """Replicated state: rank 0 writes one file of tensors and plain values (loadable weights_only). Sharded
+        state (DTensors): each rank writes its own shards (torch.distributed.checkpoint), no gather on rank 0."""
+        if self.sharded:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            with _plain_errors():
+                dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"))
+            return
         if not dist.is_initialized() or dist.get_rank() == 0:
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "scaler": self.scaler.state_dict() if self.scaler else {}},
                        directory / "model_optimizer.pt")
 
     def load_checkpoint(self, directory: Path) -> None:
+        if self.sharded:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            state = {"model": model_state, "optimizer": optim_state}
+            with _plain_errors():
+                dcp.load(state, checkpoint_id=str(directory / "dcp"))
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+            return
         state = torch.load(directory / "model_optimizer.pt", map_location=self.device, weights_only=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.uninstall()
+
+
+@contextlib.contextmanager
+def _plain_errors():
+    """DCP gathers every rank's failure into one CheckpointException, which derives from BaseException (so
+    `except Exception` misses it) and prints each rank's traceback: raise the root cause instead, the same on
+    every rank, an OSError first (a full disk says ENOSPC on the rank that hit it, "unexpected pos" elsewhere)."""
+    try:
+        yield
+    except CheckpointException as e:
+        causes = [exc for exc, _trace in (e.failures[r] for r in sorted(e.failures))]
+        raise next((c for c in causes if isinstance(c, OSError)), causes[0] if causes else OSError(str(e))) from None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ablate.metrics.comm import counting_allreduce_hook
 from ablate.parallel.base import Breakdown, TorchStrategy
 from ablate.precision import Precision
 
@@ -27,15 +27,17 @@ def buffer_sync(model) -> dict:
 
 
 class DDP(TorchStrategy):
-    """Replicated float32 parameters; float32 gradients all-reduced in buckets (counted by a comm hook)."""
+    """Replicated float32 parameters; float32 gradients all-reduced in buckets over the mesh's `dp_replicate` dim
+    (torch's default all-reduce hook, in Python so that the collective counter sees each bucket)."""
 
-    def __init__(self, model, parallel, train, optim_cfg, precision, device, world_size: int):
+    def __init__(self, model, parallel, train, optim_cfg, precision, device, layout, mesh):
         buckets = {"bucket_cap_mb": parallel.bucket_cap_mb} if parallel.bucket_cap_mb else {}
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      process_group=mesh.get_group("dp_replicate") if mesh is not None else None,
                                       **buffer_sync(model), **buckets)
-        super().__init__(ddp, train, optim_cfg, precision, device)
+        super().__init__(ddp, train, optim_cfg, precision, device, layout, mesh)
         self.no_sync = parallel.no_sync
-        ddp.register_comm_hook(None, counting_allreduce_hook(self.comm))
+        ddp.register_comm_hook(None, allreduce_hook)
 
     def micro_step(self, last: bool):
         if self.no_sync and not last:
@@ -43,6 +45,6 @@ class DDP(TorchStrategy):
         return contextlib.nullcontext()
 
     @classmethod
-    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
+    def plan_bytes(cls, numels, parallel, precision: Precision, layout) -> Breakdown:
         n = float(sum(numels))
         return Breakdown(4 * n, 4 * n, 8 * n)     # everything replicated

@@ -30,6 +30,7 @@ from ablate.parallel.base import (
     storages,
     tensor_bytes,
 )
+from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.precision import Precision
 
 
@@ -102,9 +103,10 @@ class Zero(Strategy):
     rank_imports = ("torch._inductor.compile_fx", "torch._dynamo.repro.after_dynamo")
 
     def __init__(self, model, parallel: ParallelConfig, train: TrainConfig, optim_cfg, precision, device,
-                 world_size: int):
+                 layout: Layout, mesh):
         self.comm = CommCounter()
-        self.counter = CollectiveCounter(self.comm).install()   # before DeepSpeed captures the functions
+        # before DeepSpeed captures the functions; its own groups are the world's ranks: the dp_shard dim
+        self.counter = CollectiveCounter(self.comm, group_names(mesh), world_dim(layout) or "dp_shard").install()
         if device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")      # said, not guessed: no detection warning
         import deepspeed
@@ -113,7 +115,7 @@ class Zero(Strategy):
             skip_shared_memory_allreduce(deepspeed)
 
         self.train, self.precision, self.device = train, precision, device
-        self.config = ds_config(parallel, train, precision, world_size)
+        self.config = ds_config(parallel, train, precision, layout.dp)
         self.scaled = precision.spec.loss_scaling
         optimizer = optim.build(model.parameters(), optim_cfg)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
@@ -148,8 +150,8 @@ class Zero(Strategy):
                               "a power of two (initial_scale_power)")
 
     @classmethod
-    def plan_bytes(cls, numels, parallel, precision: Precision, world: int) -> Breakdown:
-        n = float(sum(numels))
+    def plan_bytes(cls, numels, parallel, precision: Precision, layout) -> Breakdown:
+        n, world = float(sum(numels)), layout.dp_shard   # ZeRO partitions over its whole (data-parallel) world
         w = 2 if precision.spec.loss_scaling else 4   # fp16 working weights, else the fp32 engine
         master = 4 * n / world                             # DeepSpeed's fp32 partition (stages 1-2: always)
         if choice(parallel.name).zero_stage in (1, 2):

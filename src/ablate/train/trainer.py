@@ -11,7 +11,7 @@ import torch
 
 from ablate import allocator, parallel
 from ablate import precision as precision_group
-from ablate.config import AblateConfig, RunStopped
+from ablate.config import AblateConfig, ConfigError, RunStopped
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
@@ -22,6 +22,7 @@ from ablate.model import build as build_model
 from ablate.model import count_params
 from ablate.model.contract import vocab_size_of
 from ablate.model.facts import flop_model
+from ablate.parallel.mesh import Layout, build_mesh
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Loop
 
@@ -34,14 +35,24 @@ def check_runnable(cfg: AblateConfig, device: torch.device) -> None:
     parallel.check(cfg, device.type == "cuda")
 
 
-def build(cfg: AblateConfig, env: distributed.DistEnv):
+def layout_of(cfg: AblateConfig, env: distributed.DistEnv) -> Layout:
+    """The layout asked for, on the ranks this process really joined (a launcher of our own agrees; torchrun or
+    srun typed by hand may not)."""
+    layout = parallel.layout_of(cfg)
+    if layout.world != env.world_size:
+        raise ConfigError(f"launcher.nodes x nproc_per_node = {layout.world} rank(s), but this process was started "
+                          f"as one of {env.world_size}: give the launcher node the world it runs in")
+    return layout
+
+
+def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
     """The model under the contract, its facts (summary.json's params, blocks, FLOPs' source) and the strategy."""
-    torch.manual_seed(cfg.train.seed)           # same initial weights on every rank
+    torch.manual_seed(cfg.train.seed)           # same initial weights on every rank (TP splits the same tensors)
     model = build_model(cfg.model, env.device)
     facts = {"params": count_params(model.net, non_embedding=False), "params_non_embedding": count_params(model.net),
              "blocks": model.blocks.record(), "vocab_size": vocab_size_of(model.net),
              "flops": flop_model(cfg.model, cfg.train.seq_len, model.net)}
-    strategy = parallel.build(cfg.parallel, cfg.precision, model, cfg.train, cfg.optim, env.device, env.world_size)
+    strategy = parallel.build(cfg, model, env.device, layout, mesh)
     return facts, strategy
 
 
@@ -103,16 +114,19 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
     clean = False
     try:
         check_runnable(cfg, env.device)
+        layout = layout_of(cfg, env)
+        mesh = build_mesh(layout, env.device.type)
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
-            facts, strategy = build(cfg, env)
+            facts, strategy = build(cfg, env, layout, mesh)
         resumed = resume(cfg, run_dir, resolved, strategy, env)
         start_step = resumed["step"]
         if env.is_main:
             checkpoint.truncate_metrics(run_dir, start_step)
-        loader = build_loader(cfg.train, cfg.dataloader, cfg.data, facts["vocab_size"], env.rank, env.world_size,
-                              start_step * cfg.train.grad_accum, env.device)
+        # a tensor-parallel group reads one data-parallel rank's batches
+        loader = build_loader(cfg.train, cfg.dataloader, cfg.data, facts["vocab_size"], layout.dp_rank(env.rank),
+                              layout.dp, start_step * cfg.train.grad_accum, env.device)
         feeder = DeviceFeeder(loader, cfg.dataloader, env.device)
-        meter = Meter(cfg, env, feeder, strategy, facts.pop("flops"), resumed["totals"])
+        meter = Meter(cfg, env, feeder, strategy, facts.pop("flops"), layout, resumed["totals"])
         tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, resumed["wandb_id"])
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved)
@@ -153,7 +167,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
                 "resumed_from_step": start_step,
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
-                **facts, "numerics": strategy.numerics,
+                **facts, "numerics": strategy.numerics, "mesh": layout.record(),
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),

@@ -1,0 +1,156 @@
+"""The ranks' layout, decoded once: `dp_replicate x dp_shard x tp = world` (torchtitan's ParallelDims).
+
+- `tp`:           ranks that split each layer (tensor parallelism, the innermost dim: one node's fast links);
+                  a TP group sees the same micro-batch.
+- `dp_shard`:     data-parallel ranks that shard parameters, gradients and optimizer state (fsdp2, zero, and
+                  hsdp within a shard group).
+- `dp_replicate`: data-parallel groups that each hold a whole replica (ddp; hsdp across shard groups).
+
+`decode` turns the parallel and launcher nodes into a `Layout` (one-line refusals of what cannot be laid out,
+before any rank starts); `build_mesh` makes it torch's DeviceMesh on each rank. Everything downstream (data
+sharding, tokens counted, communication by dim, checkpoints, the plan, the record) reads the layout, never the
+world size as the data-parallel degree. Ranks are laid out row-major: rank = (r * dp_shard + s) * tp + t.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ablate.config import AblateConfig, ConfigError, HFModelConfig, ModelConfig, UserModelConfig
+
+DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different micro-batches one micro-step trains on."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        return self.dp_replicate, self.dp_shard, self.tp
+
+    def dp_rank(self, rank: int) -> int:
+        """Which data-parallel replica's batches this rank reads (the ranks of one TP group read the same)."""
+        return rank // self.tp
+
+    def size(self, dim: str) -> int:
+        return dict(zip(DIMS, self.shape))[dim]
+
+    def active_dims(self) -> List[str]:
+        return [d for d in DIMS if self.size(d) > 1]
+
+    def record(self) -> Dict[str, int]:
+        """summary.json's `mesh`."""
+        return dict(zip(DIMS, self.shape))
+
+    def label(self) -> str:
+        """One short name for a report's layout column: e.g. 2x2x1 (dp_replicate x dp_shard x tp)."""
+        return "x".join(str(n) for n in self.shape)
+
+
+def divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_tp(tp: int, world: int, name: str, model) -> None:
+    if tp > world:
+        raise ConfigError(f"parallel.tp={tp}: larger than the world of {world} rank(s) (launcher.nodes x "
+                          f"nproc_per_node); valid choices: {', '.join(map(str, divisors(world)))}")
+    if world % tp:
+        raise ConfigError(f"parallel.tp={tp}: does not divide the world of {world} rank(s); valid choices: "
+                          f"{', '.join(map(str, divisors(world)))}")
+    if tp == 1:
+        return
+    if isinstance(model, ModelConfig):
+        heads = min(model.n_heads, model.n_kv_heads)
+        if heads % tp:
+            raise ConfigError(f"parallel.tp={tp}: does not divide model={model.name}'s attention heads ("
+                              f"n_heads={model.n_heads}, n_kv_heads={model.n_kv_heads}); valid choices: "
+                              f"{', '.join(str(d) for d in divisors(heads) if world % d == 0)}")
+    elif isinstance(model, HFModelConfig):
+        raise ConfigError(f"parallel.tp={tp}: model=hf has no tensor-parallel plan here; valid: parallel.tp=1 "
+                          "(or a model file of your own with a tp_plan: docs/layouts.md)")
+    elif isinstance(model, UserModelConfig) and not model.tp_plan:
+        raise ConfigError(f"parallel.tp={tp}: model={model.name} declares no tp_plan (which of its Linear layers "
+                          "split column- or row-wise); add `tp_plan:` to its YAML (docs/layouts.md) or use "
+                          "parallel.tp=1")
+
+
+def decode(cfg: AblateConfig, dp_kind: str, tp_refused: Optional[str] = None) -> Layout:
+    """The layout of `cfg.parallel` on `cfg.launcher`'s ranks; `dp_kind` is how the strategy spreads data-parallel
+    ranks (parallel.Choice.dp: single | replicate | shard | hybrid), `tp_refused` why it takes no tensor
+    parallelism, if it does not. ConfigError (one line) when it cannot be."""
+    p, world = cfg.parallel, cfg.launcher.world_size
+    name = p.name
+    if p.tp > 1 and tp_refused:
+        raise ConfigError(f"parallel={name} with parallel.tp={p.tp}: {tp_refused}; valid with tp > 1: "
+                          "parallel=none, fsdp2, hsdp")
+    _check_tp(p.tp, world, name, cfg.model)
+    dp = world // p.tp
+    if p.shard_size is not None and dp_kind != "hybrid":
+        raise ConfigError(f"parallel.shard_size={p.shard_size}: only parallel=hsdp has shard groups; remove it or "
+                          "use parallel=hsdp")
+    if dp_kind == "single":
+        if dp > 1:
+            raise ConfigError(f"parallel={name} with {world} ranks (launcher nodes x nproc_per_node): one data-"
+                              f"parallel rank only (parallel.tp={p.tp}); give parallel.tp={world}, or a data-"
+                              "parallel strategy: ddp, ddp_sync, fsdp2, hsdp, zero1, zero2, zero3")
+        return Layout(1, 1, p.tp)
+    if dp_kind == "replicate":
+        return Layout(dp, 1, p.tp)
+    if dp_kind == "shard":
+        return Layout(1, dp, p.tp)
+    return _hybrid(cfg, dp)
+
+
+def _hybrid(cfg: AblateConfig, dp: int) -> Layout:
+    """hsdp: shard groups of parallel.shard_size data-parallel ranks (default one node's), replicated across."""
+    p, launcher = cfg.parallel, cfg.launcher
+    if launcher.world_size == 1:
+        raise ConfigError("parallel=hsdp on 1 rank: nothing to shard or replicate; use parallel=none, or more ranks "
+                          "(launcher.nproc_per_node, launcher.nodes)")
+    shard = p.shard_size if p.shard_size is not None else max(1, launcher.nproc_per_node // p.tp)
+    if dp % shard:
+        raise ConfigError(f"parallel.shard_size={shard}: does not divide the {dp} data-parallel rank(s) "
+                          f"({launcher.world_size} ranks / parallel.tp={p.tp}); valid choices: "
+                          f"{', '.join(map(str, divisors(dp)))}")
+    return Layout(dp // shard, shard, p.tp)
+
+
+def build_mesh(layout: Layout, device_type: str):
+    """torch's DeviceMesh of the layout (every dim named, size-1 dims kept), on the process group already joined;
+    None on a process that joined none (parallel=none on one rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        return None
+    return init_device_mesh(device_type, layout.shape, mesh_dim_names=DIMS)
+
+
+def group_names(mesh) -> Dict[str, str]:
+    """{process group name: mesh dim} for the dims of more than one rank: how a collective's group is told apart.
+    A dim spanning the whole world can share the default group's name; then that dim takes it."""
+    if mesh is None:
+        return {}
+    out: Dict[str, str] = {}
+    for dim in DIMS:
+        if mesh[dim].size() > 1:
+            out[mesh.get_group(dim).group_name] = dim
+    return out
+
+
+def world_dim(layout: Layout) -> Optional[str]:
+    """The dim whose group is every rank (a collective on the default group moves on it), if one is."""
+    return next((d for d in DIMS if layout.size(d) == layout.world and layout.world > 1), None)
