@@ -73,8 +73,9 @@ def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
     sweep = config.get("sweep") or {}
     if sweep.get("knob"):
         value = _knob_value(config, sweep["knob"])
-        arm = ("baseline" if value == sweep.get("baseline") else "treatment" if value == sweep.get("treatment")
-               else str(value))
+        treatment = sweep.get("treatment")   # one arm, or several (sweeps/layouts.yaml)
+        arm = ("baseline" if value == sweep.get("baseline") else "treatment"
+               if value in (treatment if isinstance(treatment, list) else [treatment]) else str(value))
         repeat = sweep.get("repeat")
         name = f"{sweep['name']} {sweep['knob']}={value}" + (f" r{repeat}" if repeat is not None else "")
         tags = [f"sweep:{sweep['name']}", f"arm:{arm}"] + ([f"repeat:{repeat}"] if repeat is not None else [])
@@ -105,6 +106,9 @@ def dump_json(path: Path, data) -> None:
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     os.replace(tmp, path)
 
+
+# summary.json figures kept by key (the layout's): W&B's summary gets them as <key>/<dim>
+NESTED_FIGURES = ("mesh", "comm_bytes_by_dim")
 
 class Tracker:
     def __init__(self, cfg: LoggerConfig, run_dir: Path, resolved_config: Dict, choices: Dict[str, str],
@@ -218,6 +222,7 @@ class Tracker:
                                 "name": self.wandb.name, "dir": str(Path(self.wandb.dir).parent),
                                 "url": self.wandb.url if self.mode == "online" else None}
             flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) or v is None}
+            flat.update({f"{k}/{dim}": v for k in NESTED_FIGURES for dim, v in (summary.get(k) or {}).items()})
             self._guarded("summary", lambda: self.wandb.summary.update(flat))
         dump_json(self.run_dir / "summary.json", {k: _jsonable(v) for k, v in summary.items()})
         self.close()

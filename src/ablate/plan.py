@@ -5,13 +5,18 @@ Three accountings, each named:
             the week-4 claim "70B: 840 GB -> 13.1 GB per GPU on 64 GPUs".
 - zero-paper: the ZeRO paper's mixed-precision total, 16 bytes/param (2 bf16 weights + 2 bf16 grads +
             12 optimizer), partitioned by ZeRO stage (Rajbhandari et al. 2020, sec. 3 and Figure 1).
-- ablate:   what ablate's own strategies allocate here (measured equal within 5% by tests/test_parallel.py),
-            including DeepSpeed's details: an fp32 master partition even in fp32 runs (stages 1-2),
+- ablate:   what ablate's own strategies allocate here (measured equal within 5% by tests/test_parallel.py)
+            on the run's layout (parallel/mesh.py: each layer split over tp, then sharded over the strategy's
+            shard group), including DeepSpeed's details: an fp32 master partition even in fp32 runs (stages 1-2),
             and ZeRO-3 keeping parameters smaller than stage3_param_persistence_threshold whole.
+Activations: what the forward keeps for backward at one micro-batch, measured on fake tensors with the run's
+attention and precision, split over tp, with checkpointing's recompute (docs/layouts.md has the model).
+`--json`: the same as one JSON object (bytes per GPU).
 GB here = 1e9 bytes, as in the article.
 """
 from __future__ import annotations
 
+import json
 import sys
 from typing import Dict, List
 
@@ -34,18 +39,29 @@ def zero_paper(n_params: float, world: int, stage: int) -> Breakdown:
 
 
 def plan(cfg: AblateConfig) -> Dict[str, object]:
-    facts = measure(cfg)
+    layout = parallel.layout_of(cfg)
+    facts = measure(cfg, layout.tp)
     numels = facts.numels
     n = sum(numels)
     world = cfg.launcher.world_size
     nominal = NOMINAL_PARAMS.get(cfg.model.name, n)
     stage = parallel.choice(cfg.parallel.name).shards_like_stage
     return {"model": cfg.model.name, "params": n, "nominal_params": nominal, "world_size": world,
-            "parallel": cfg.parallel.name, "precision": cfg.precision.name,
+            "parallel": cfg.parallel.name, "precision": cfg.precision.name, "mesh": layout.record(),
             "article": article(nominal, world), "article_total": 12 * nominal,
             "zero_paper": zero_paper(nominal, world, stage), "zero_paper_total": 16 * nominal,
-            "ablate": parallel.plan_bytes(numels, cfg), "activation_bytes": facts.activation_bytes,
+            "ablate": parallel.plan_bytes(numels, cfg, layout), "activation_bytes": facts.activation_bytes,
+            "activation_source": facts.activation_source,
+            "activation_checkpointing": bool(cfg.model.activation_checkpointing),
             "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens"}
+
+
+def as_json(p: Dict[str, object]) -> str:
+    """The plan as one JSON object: bytes per GPU, each accounting's {params, grads, optimizer, total}."""
+    def plain(v):
+        return {"params": v.params, "grads": v.grads, "optimizer": v.optimizer, "total": v.total} \
+            if isinstance(v, Breakdown) else v
+    return json.dumps({k: plain(v) for k, v in p.items()})
 
 
 def count(n: float) -> str:
@@ -62,8 +78,10 @@ def render(p: Dict[str, object]) -> None:
     def gb(n: float) -> str:
         return units.fmt("bytes", n) if n else "0"
 
+    mesh = p["mesh"]
     table = Table(title=f"static memory per GPU: model={p['model']} ({count(p['params'])} params), "
-                        f"parallel={p['parallel']}, precision={p['precision']}, world={p['world_size']}")
+                        f"parallel={p['parallel']}, precision={p['precision']}, world={p['world_size']} (dp_replicate "
+                        f"{mesh['dp_replicate']} x dp_shard {mesh['dp_shard']} x tp {mesh['tp']})")
     for col in ("accounting", "weights", "gradients", "optimizer", "per GPU", "whole model"):
         table.add_column(col, justify="right" if col != "accounting" else "left")
     nominal = count(p["nominal_params"])
@@ -74,9 +92,11 @@ def render(p: Dict[str, object]) -> None:
         table.add_row(label, gb(b.params), gb(b.grads), gb(b.optimizer), f"[bold]{gb(b.total)}",
                       gb(whole) if whole else "—")
     Console().print(table)
+    recompute = ", activation checkpointing: the blocks' inputs + one block's recompute" \
+        if p["activation_checkpointing"] else ""
     print(f"Activations per GPU: {gb(p['activation_bytes'])} for one micro-batch of {p['micro_batch']} (what the "
-          "forward keeps for backward, float32, measured on the meta device) on top of the ablate row; "
-          "communication buffers and the allocator's cache come on top of both.")
+          f"forward keeps for backward{recompute}; {p['activation_source']}; docs/layouts.md) on top of the ablate "
+          "row; communication buffers and the allocator's cache come on top of both.")
 
 
 def main(argv: List[str] = None) -> None:
@@ -85,15 +105,19 @@ def main(argv: List[str] = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
-        print("usage: python -m ablate.plan [--config-dir DIR] [OVERRIDES ...]\n\n" + __doc__.split("\n\n", 1)[0] +
+        print("usage: python -m ablate.plan [--json] [--config-dir DIR] [OVERRIDES ...]\n\n" +
+              __doc__.split("\n\n", 1)[0] +
               "\n\nOverrides are "
               "those of `python -m ablate`, e.g.: python -m ablate.plan model=70b parallel=zero3 launcher=slurm "
               "precision=bf16\n\n" + __doc__.split("\n\n", 1)[1])
         return
     try:
+        json_out = "--json" in argv
+        argv = [a for a in argv if a != "--json"]
         preflight(argv, hardware=False)   # a plan for any machine: nothing here must run it
         cfg = config_of(argv)[1]
-        render(plan(cfg))
+        p = plan(cfg)
+        print(as_json(p)) if json_out else render(p)
     except ConfigError as e:
         sys.exit(exit_code_of(e))
 

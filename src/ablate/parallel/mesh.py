@@ -115,11 +115,9 @@ def decode(cfg: AblateConfig, dp_kind: str, tp_refused: Optional[str] = None) ->
 
 
 def _hybrid(cfg: AblateConfig, dp: int) -> Layout:
-    """hsdp: shard groups of parallel.shard_size data-parallel ranks (default one node's), replicated across."""
+    """hsdp: shard groups of parallel.shard_size data-parallel ranks (default one node's), replicated across. On one
+    rank it is a world of one, as fsdp2 there (the choice matrix runs every strategy so)."""
     p, launcher = cfg.parallel, cfg.launcher
-    if launcher.world_size == 1:
-        raise ConfigError("parallel=hsdp on 1 rank: nothing to shard or replicate; use parallel=none, or more ranks "
-                          "(launcher.nproc_per_node, launcher.nodes)")
     shard = p.shard_size if p.shard_size is not None else max(1, launcher.nproc_per_node // p.tp)
     if dp % shard:
         raise ConfigError(f"parallel.shard_size={shard}: does not divide the {dp} data-parallel rank(s) "

@@ -19,7 +19,7 @@ from ablate.report import runs as R
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
               "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
-              "treatment", "baseline_value", "treatment_value", "hardware", "runs", "outliers", "other_way")
+              "treatment", "baseline_value", "treatment_value", "hardware", "layout", "runs", "outliers", "other_way")
 BETTER = {"reduction": "higher", "ratio": "higher"}
 
 
@@ -46,6 +46,7 @@ class Check:
     baseline_value: Optional[float]   # median over the arm's repeats (raw units; kept even when not measurable)
     treatment_value: Optional[float]
     hardware: str
+    layout: str               # the arms' meshes, dp_replicate x dp_shard x tp (baseline -> treatment when they differ)
     runs: str
     outliers: str = ""        # outlier runs among these pairs, or the outliers their reruns replace
     other_way: str = ""       # the estimate and verdict with the outliers the other way (outliers.py)
@@ -62,6 +63,22 @@ EXPECTED: Dict[str, Callable] = {
     # treatment's loader keeps up (loader_capacity)
     "hidden_wait": lambda b, t: loader_capacity(b, t)["expected"],
 }
+
+
+def modeled(kind: str, metric: str, base: List[R.Run], treat: List[R.Run]) -> Optional[float]:
+    """The effect the runs' own models predict (summary.json's `modeled`: the plan's state bytes, the comm model's
+    bytes per mesh dim), in the check's kind; None where a run models none."""
+    def model(runs):
+        values = [(r.summary.get("modeled") or {}).get(metric) for r in runs]
+        return None if not values or any(v is None for v in values) else stats.central(values)
+    b, t = model(base), model(treat)
+    if kind == "value_treatment":
+        return t
+    if kind == "value_baseline":
+        return b
+    if b is None or t is None or not b:
+        return None
+    return {"ratio": t / b, "reduction": 1 - t / b, "difference": t - b}.get(kind)
 
 
 def loader_capacity(base: List[R.Run], treat: List[R.Run]) -> Dict[str, float]:
@@ -101,12 +118,13 @@ def _not_measurable(spec: Dict, base: List[R.Run], treat: List[R.Run], mixed_ok:
     if spec.get("gpu_only") and not every[0].on_gpu:
         note = (every[0].summary.get("notes") or {}).get(spec["metric"])
         return note or "a CUDA GPU effect; these runs were on a CPU"
-    for run in every:
+    judged = {"value_treatment": treat, "value_baseline": base}.get(spec["effect"], every)   # one arm's level
+    for run in judged:
         invalid = run.invalid(spec["metric"])
         if invalid:
             return f"invalid in {run.path.name}: {invalid}"
-    if any(r.metric(spec["metric"]) is None for r in every):
-        missing = next(r for r in every if r.metric(spec["metric"]) is None)
+    if any(r.metric(spec["metric"]) is None for r in judged):
+        missing = next(r for r in judged if r.metric(spec["metric"]) is None)
         return (missing.summary.get("notes") or {}).get(spec["metric"], f"{spec['metric']} was not recorded")
     return None
 
@@ -148,7 +166,9 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
     reason = _not_measurable(spec, base, treat, mixed_ok)
     expected = est = None
     if reason is None:
-        if spec.get("expected") in EXPECTED:
+        if spec.get("expected") == "modeled":
+            expected = modeled(kind, metric, base, treat)
+        elif spec.get("expected") in EXPECTED:
             expected = EXPECTED[spec["expected"]](base, treat)
         est, verdict = _judge(spec, base, treat, claimed, expected, level)
         reason = None if est else f"no {kind} of {metric}: the baseline is 0"
@@ -164,10 +184,17 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
                  est.ci_high if est else None, est.n if est else len(base), bool(est and est.exact), verdict,
                  reason or "", str(sweep.get("baseline")), str(sweep.get("treatment")),
                  stats.central(r.metric(metric) for r in base), stats.central(r.metric(metric) for r in treat),
-                 "; ".join(sorted({r.hardware for r in every})), " ".join(str(r.path) for r in every),
+                 "; ".join(sorted({r.hardware for r in every})), layouts(base, treat),
+                 " ".join(str(r.path) for r in every),
                  " ".join(r.path.name for r in every if str(r.path) in (flagged or {}))
                  + " ".join(group.replaced[str(r.path)].path.name for r in every if str(r.path) in group.replaced),
                  _other_way(group, spec, base, treat, flagged or {}, claimed, expected, level) if est else "")
+
+
+def layouts(base: List[R.Run], treat: List[R.Run]) -> str:
+    """The arms' layouts (runs.Run.layout), "baseline -> treatment" when they differ."""
+    a, b = ("/".join(sorted({r.layout for r in arm})) for arm in (base, treat))
+    return a if a == b else f"{a} -> {b}"
 
 
 def busy_note(spec: Dict, runs: List[R.Run]) -> str:

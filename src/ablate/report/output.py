@@ -85,13 +85,14 @@ def against_expected(c) -> bool:
 
 def verdict_table(checks) -> List[str]:
     other = any(c.other_way for c in checks)
-    lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | reason |"
-             + (" other way |" if other else ""), "|---" * (9 if other else 8) + "|"]
+    lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | layout | "
+             "reason |" + (" other way |" if other else ""), "|---" * (10 if other else 9) + "|"]
     for c in checks:
         expected = units.effect(c.effect_kind, c.expected_here, c.metric) if c.expected_here is not None else "—"
         judged = f"**{c.verdict}**" + (" (vs expected here)" if against_expected(c) else "")
         lines.append(f"| {c.claim} | {c.metric}: {c.what} | {claimed_text(c)} | {expected} | {measured_text(c)} | "
-                     f"{judged} | {c.hardware} | {c.reason} |" + (f" {c.other_way or '—'} |" if other else ""))
+                     f"{judged} | {c.hardware} | {c.layout} | {c.reason} |"
+                     + (f" {c.other_way or '—'} |" if other else ""))
     return lines
 
 

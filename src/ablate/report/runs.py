@@ -58,6 +58,9 @@ class Run:
             per_rank = [sum(r["state_bytes"].values()) for r in self.summary.get("per_rank", [])
                         if r.get("state_bytes")]
             return max(per_rank) if per_rank else None
+        if name not in self.summary and "." in name:   # a figure kept by key: comm_bytes_by_dim.tp
+            node, key = name.split(".", 1)
+            return (self.summary.get(node) or {}).get(key)
         return self.summary.get(name)
 
     @property
@@ -82,6 +85,12 @@ class Run:
     def hardware(self) -> str:
         """The machine and the number of devices the run used."""
         return f"{self.machine} x{self.summary.get('world_size', 1)}"
+
+    @property
+    def layout(self) -> str:
+        """The run's mesh as dp_replicate x dp_shard x tp (summary.json's `mesh`); "—" for a run that has none."""
+        mesh = self.summary.get("mesh")
+        return "x".join(str(mesh[d]) for d in ("dp_replicate", "dp_shard", "tp")) if mesh else "—"
 
     def level(self, knob: str):
         """A factor's level: a config group's chosen `name`, else the dotted key's value."""
@@ -206,20 +215,32 @@ def add_common_peak(group: Group) -> None:
     common_peak([r for arm in group.arms.values() for r in arm.runs], base.runs if base else [])
 
 
+def one_treatment_each(sweep: Dict) -> List[Tuple[str, Dict]]:
+    """A sweep whose `treatment` lists several arms (sweeps/layouts.yaml) is one comparison per treatment against
+    the baseline, named `<sweep>_<treatment>`, with the checks that name no other treatment (a check's own
+    `treatment:` keeps it to that arm); a sweep with one treatment is itself."""
+    treatments = sweep.get("treatment")
+    if not isinstance(treatments, list):
+        return [(sweep["name"], sweep)]
+    return [(f"{sweep['name']}_{t}", {**sweep, "treatment": t,
+                                      "checks": [c for c in sweep.get("checks", []) if c.get("treatment", t) == t]})
+            for t in treatments]
+
+
 def group_sweeps(runs: List[Run], replaced: Dict[str, Run] = None) -> List[Group]:
     """Runs of sweeps/ files: by sweep name, then arm (the knob's value), repeats in repeat order."""
     by_name: Dict[str, Group] = {}
     for run in sorted(runs, key=_order):
-        sweep = run.sweep
-        if not sweep.get("knob"):
+        if not run.sweep.get("knob"):
             continue
-        value = run.knob(sweep["knob"])
-        role = ("baseline" if value == sweep["baseline"] else "treatment" if value == sweep["treatment"]
-                else str(value))
-        group = by_name.setdefault(sweep["name"], Group(sweep["name"], sweep, {}))
-        group.arms.setdefault(role, Arm(value)).runs.append(run)
-        if str(run.path) in (replaced or {}):
-            group.replaced[str(run.path)] = replaced[str(run.path)]
+        value = run.knob(run.sweep["knob"])
+        for name, sweep in one_treatment_each(run.sweep):
+            role = ("baseline" if value == sweep["baseline"] else "treatment" if value == sweep["treatment"]
+                    else str(value))
+            group = by_name.setdefault(name, Group(name, sweep, {}))
+            group.arms.setdefault(role, Arm(value)).runs.append(run)
+            if str(run.path) in (replaced or {}):
+                group.replaced[str(run.path)] = replaced[str(run.path)]
     for group in by_name.values():   # baseline, treatment, then the other arms
         order = ["baseline", "treatment"] + sorted(k for k in group.arms if k not in ("baseline", "treatment"))
         group.arms = {k: group.arms[k] for k in order if k in group.arms}

@@ -96,8 +96,9 @@ def is_side_arm(name: str, combo: List[str]) -> bool:
     for o in combo:
         key, _, value = o.partition("=")
         if key in (knob, knob.rsplit(".name", 1)[0]):
-            return value not in (str(s.get("baseline")).lower(), str(s.get("treatment")).lower(),
-                                 str(s.get("baseline")), str(s.get("treatment")))
+            treatment = s.get("treatment")   # one arm, or several (sweeps/layouts.yaml)
+            judged = [s.get("baseline"), *(treatment if isinstance(treatment, list) else [treatment])]
+            return value not in {str(v) for v in judged} | {str(v).lower() for v in judged}
     return False
 
 

@@ -4,11 +4,13 @@ non-finite rule). Built by trainer.py, which assembles a rank's run around it.
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, Optional
 
 from ablate import optim
 from ablate.config import RunStopped
+from ablate.metrics.activations import SavedTensors
 from ablate.metrics.profile import StepProfiler
 from ablate.train import checkpoint, hooks, signals
 
@@ -17,7 +19,8 @@ class Loop:
     """The steps themselves, plus what happens between them: checkpoints, stop signals, and the
     non-finite rule (checked at log steps and before every checkpoint: no host sync per step)."""
 
-    def __init__(self, cfg, env, strategy, feeder, meter, tracker, progress, run_dir: Path, resolved: Dict):
+    def __init__(self, cfg, env, strategy, feeder, meter, tracker, progress, run_dir: Path, resolved: Dict,
+                 blocks=None):
         self.cfg, self.env, self.strategy, self.feeder = cfg, env, strategy, feeder
         self.meter, self.tracker, self.progress, self.run_dir = meter, tracker, progress, run_dir
         self.resolved = resolved
@@ -28,18 +31,33 @@ class Loop:
         self.unconfirmed: Optional[int] = None   # the step of a checkpoint whose weights' loss is not known yet
         self.hooks = hooks.load()   # ABLATE_STEP_HOOKS: called as each step begins (train/hooks.py)
         self.lr = cfg.optim.lr
+        self.blocks = blocks or []
+        self.activation_bytes: Optional[int] = None
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
         for micro in range(t.grad_accum):
             x, y = next(self.feeder)
             self.meter.clock.begin()
+            # the run's first micro-step counts what autograd saves for backward (summary.json's activation_bytes)
+            saved = SavedTensors(self.blocks) if self.activation_bytes is None else nullcontext()
             with strategy.micro_step(last=micro == t.grad_accum - 1):
-                with strategy.autocast():
+                with strategy.autocast(), saved:
                     loss = strategy.model(x, y)
+                if self.activation_bytes is None:
+                    self.activation_bytes = self.saved_for_backward(saved)
                 strategy.backward(loss / t.grad_accum)
             self.meter.clock.end("fwd_bwd")
             self.meter.on_micro(loss)
+
+    def saved_for_backward(self, saved: SavedTensors) -> int:
+        """With activation checkpointing torch's checkpoint keeps each block's input out of autograd's sight: added
+        from the blocks' inputs (a block's recompute in backward is not seen here: ablate.plan adds one)."""
+        if not self.cfg.model.activation_checkpointing:
+            return saved.bytes
+        self.meter.notes["activation_bytes"] = ("activation checkpointing: the blocks' inputs and what autograd saves "
+                                                "outside them; one block's recompute in backward not included")
+        return saved.bytes + sum(saved.block_inputs)
 
     def run(self, start_step: int) -> None:
         t = self.cfg.train

@@ -1,5 +1,5 @@
 """A run that cannot fit in memory, refused in one line before any rank allocates: the planner's per-rank
-state plus the activations its forward keeps (both measured on the meta device: model/facts.py),
+state plus the activations its forward keeps (both measured on fake tensors: model/facts.py),
 times the ranks on this machine, against what this process can have
 (available memory and the cgroup limit; a GPU's memory from NVML, without starting CUDA).
 `train.skip_memory_check=true` overrides.
@@ -46,7 +46,7 @@ def gpu_bytes() -> Optional[float]:
 
 
 def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts] = None) -> None:
-    """`facts`: the model measured on the meta device (model/facts.py), measured here when not given."""
+    """`facts`: the model measured on fake tensors (model/facts.py), measured here when not given."""
     if cfg.train.skip_memory_check:
         return
     facts = facts or measure(cfg)

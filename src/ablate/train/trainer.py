@@ -22,6 +22,7 @@ from ablate.model import build as build_model
 from ablate.model import count_params
 from ablate.model.contract import vocab_size_of
 from ablate.model.facts import flop_model
+from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Loop
@@ -52,8 +53,17 @@ def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
     facts = {"params": count_params(model.net, non_embedding=False), "params_non_embedding": count_params(model.net),
              "blocks": model.blocks.record(), "vocab_size": vocab_size_of(model.net),
              "flops": flop_model(cfg.model, cfg.train.seq_len, model.net)}
+    blocks = list(model.blocks.modules)
+    facts["modeled"] = modeled(cfg, layout, [p.numel() for p in model.parameters()], facts["params"])
     strategy = parallel.build(cfg, model, env.device, layout, mesh)
-    return facts, strategy
+    return facts, strategy, blocks
+
+
+def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int) -> Dict[str, object]:
+    """summary.json's `modeled`: what the plan (state bytes per rank) and the comm model (bytes per step on each
+    mesh dim) predict for this run's figures, keyed as the report reads them (a sweep's "expected here")."""
+    comm = {f"comm_bytes_by_dim.{d}": v for d, v in expected_comm(cfg, layout, n_params).items()}
+    return {"state_bytes_total": parallel.plan_bytes(numels, cfg, layout).total, **comm}
 
 
 def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
@@ -117,7 +127,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         layout = layout_of(cfg, env)
         mesh = build_mesh(layout, env.device.type)
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
-            facts, strategy = build(cfg, env, layout, mesh)
+            facts, strategy, blocks = build(cfg, env, layout, mesh)
         resumed = resume(cfg, run_dir, resolved, strategy, env)
         start_step = resumed["step"]
         if env.is_main:
@@ -129,7 +139,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         meter = Meter(cfg, env, feeder, strategy, facts.pop("flops"), layout, resumed["totals"])
         tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, resumed["wandb_id"])
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
-        loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved)
+        loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved, blocks)
         loop.saved_step = start_step or None
         try:
             loop.run(start_step)
@@ -152,7 +162,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             meter.close()
             loop.profiler.close()
             loop.preemption.restore()
-        summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record()}
+        summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
+                   "activation_bytes": loop.activation_bytes}
         per_rank = comm.all_gather_object(
             {**distributed.place(env), "state_bytes": strategy.measured_state,
              "comm_exposed_s": summary["comm_exposed_s"],
