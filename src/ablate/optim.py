@@ -14,6 +14,7 @@ import math
 from typing import Callable, Dict, Iterable, List
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ablate.config import ConfigError, OptimConfig
 from ablate.config.fields import user_object
@@ -21,8 +22,19 @@ from ablate.config.fields import user_object
 
 def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> List[Dict]:
     params = [p for p in params if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = []
+    for decay, chosen in ((weight_decay, [p for p in params if p.dim() >= 2]),
+                          (0.0, [p for p in params if p.dim() < 2])):
+        groups += [{"params": kind, "weight_decay": decay} for kind in by_kind(chosen)]
+    return groups
+
+
+def by_kind(params: List[torch.nn.Parameter]) -> List[List[torch.nn.Parameter]]:
+    """Split layers (DTensors: a user's tp_plan splits some layers only) apart from whole ones: torch's fused and
+    foreach kernels take one kind per group. One list when all are of one kind (the usual two groups)."""
+    split = [p for p in params if isinstance(p, DTensor)]
+    whole = [p for p in params if not isinstance(p, DTensor)]
+    return [split, whole] if split and whole else [params]
 
 
 def adamw(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:

@@ -221,8 +221,18 @@ class TorchStrategy(Strategy):
     def clip(self) -> torch.Tensor:
         """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow."""
         max_norm = self.train.max_grad_norm or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm   # sharded gradients: the norm over all
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        split = [p for p in params if isinstance(p, DTensor)]
+        if not split or len(split) == len(params):   # one kind of tensor: torch's clip as it is
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            return norm.full_tensor() if isinstance(norm, DTensor) else norm   # sharded gradients: the norm over all
+        # a user's tp_plan splits some layers only: DTensor and plain gradients do not mix in one foreach kernel
+        whole = [p for p in params if not isinstance(p, DTensor)]
+        norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in (split, whole)]
+        total = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).norm()
+        for group in (split, whole):
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
 
     def step(self, measure_state: bool = False) -> torch.Tensor:
         if self.scaler is not None:

@@ -1,0 +1,191 @@
+"""The 64-GPU layouts on one device mesh (parallel/mesh.py, tp.py, comm_model.py; docs/layouts.md): the layout
+decoded once and its refusals (in process, ~2 s), the plan's figures for 70b on fake tensors (~15 s), planned =
+measured activations for model=small (one real 2-step run in this process, ~12 s), and real gloo runs of each
+composition on 4 CPU ranks (the `trained` session runs: 3 of 4 ranks and 1 of 2, ~45 s on 2 cores)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ablate import parallel
+from ablate.compose import validate
+from ablate.config import ConfigError
+from ablate.model.facts import activation_bytes, saved_on_fake
+from ablate.parallel.mesh import Layout
+from ablate.plan import plan
+from conftest import RUN_COMMON, compose_cfg, main_in_process, read_jsonl, run_cli, run_in_process
+
+
+def layout(*overrides: str) -> Layout:
+    return parallel.layout_of(validate(compose_cfg(list(overrides))))
+
+
+@pytest.mark.parametrize("overrides, mesh", [
+    (["parallel=fsdp2", "launcher.nproc_per_node=4"], (1, 4, 1)),
+    (["parallel=hsdp", "launcher.nproc_per_node=4", "parallel.shard_size=2"], (2, 2, 1)),
+    (["parallel=hsdp", "launcher.nproc_per_node=4"], (1, 4, 1)),                 # default: one node's ranks
+    (["parallel=hsdp", "launcher.nodes=2"], (2, 1, 1)),                          # 2 nodes x 1 rank
+    (["parallel=fsdp2", "launcher.nproc_per_node=4", "parallel.tp=2"], (1, 2, 2)),
+    (["parallel=hsdp", "launcher.nodes=2", "launcher.nproc_per_node=4", "parallel.tp=2"], (2, 2, 2)),
+    (["parallel=ddp", "launcher.nproc_per_node=4"], (4, 1, 1)),
+    (["parallel=none", "launcher.nproc_per_node=2", "parallel.tp=2"], (1, 1, 2)),
+    (["parallel=zero3", "launcher.nproc_per_node=2"], (1, 2, 1)),
+    (["parallel=none"], (1, 1, 1)),
+])
+def test_the_layout_is_decoded_once_from_the_parallel_and_launcher_nodes(overrides, mesh):
+    got = layout(*overrides)
+    assert got.shape == mesh and got.world == got.dp * got.tp
+    assert [got.dp_rank(r) for r in range(got.world)] == [r // got.tp for r in range(got.world)]
+
+
+# (overrides, what the one line must say): each refused at compose time, before any rank starts
+REFUSED = [
+    (["parallel=fsdp2", "parallel.tp=3", "launcher.nproc_per_node=3"],
+     "parallel.tp=3: does not divide model=tiny's attention heads"),
+    (["parallel=hsdp", "parallel.shard_size=3", "launcher.nproc_per_node=4"],
+     "parallel.shard_size=3: does not divide the 4 data-parallel rank(s)"),
+    (["parallel=fsdp2", "parallel.tp=8", "launcher.nproc_per_node=4"], "parallel.tp=8: larger than the world of 4"),
+    (["parallel=fsdp2", "parallel.tp=3", "launcher.nproc_per_node=4"], "parallel.tp=3: does not divide the world"),
+    (["parallel=ddp", "parallel.tp=2", "launcher.nproc_per_node=2"],
+     "parallel=ddp with parallel.tp=2: torch's DistributedDataParallel takes no DTensor"),
+    (["parallel=zero3", "parallel.tp=2", "launcher.nproc_per_node=2"], "parallel=zero3 with parallel.tp=2: DeepSpeed"),
+    (["parallel=none", "launcher.nproc_per_node=2"], "parallel=none with 2 ranks"),
+    (["parallel=fsdp2", "parallel.shard_size=2", "launcher.nproc_per_node=2"], "shard_size=2: only parallel=hsdp"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", REFUSED)
+def test_a_layout_that_cannot_be_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        layout(*overrides)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_bad_layout_exits_2_in_one_line_with_no_run_dir(monkeypatch, capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    code = main_in_process(monkeypatch, ["parallel=fsdp2", "parallel.tp=3", "launcher.nproc_per_node=3",
+                                         f"hydra.run.dir={run_dir}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "parallel.tp=3" in err[0], err
+    assert not run_dir.exists()
+
+
+# --- the plan: 70b, bf16, batch 1, 64 GPUs (8 nodes x 8) ---------------------------------------------------------
+SIXTY_FOUR = ["model=70b", "train.batch_size=1", "launcher=slurm", "launcher.nodes=8", "launcher.nproc_per_node=8",
+              "parallel=fsdp2"]
+
+
+@pytest.fixture(scope="module")
+def seventy_b():
+    """Fake-tensor forwards of 70b, one per (seq, precision), each ~3 s; tp and checkpointing are figures of
+    the same measurement (facts.activation_bytes)."""
+    out = {}
+    for seq, prec in ((4096, "bf16"), (2048, "bf16"), (4096, "fp32")):
+        cfg = validate(compose_cfg([*SIXTY_FOUR, f"precision={prec}", f"train.seq_len={seq}"]))
+        out[seq, prec] = (cfg, saved_on_fake(cfg)[0])
+    return out
+
+
+@pytest.mark.slow
+def test_the_70b_plan_tells_the_truth_about_activations(seventy_b):
+    def gb(seq, prec, tp=1, ac=False):
+        cfg, saved = seventy_b[seq, prec]
+        cfg.model.activation_checkpointing = ac
+        try:
+            return activation_bytes(saved, cfg, tp)
+        finally:
+            cfg.model.activation_checkpointing = False
+
+    s4k = gb(4096, "bf16")
+    assert 1.8 <= s4k / gb(2048, "bf16") <= 2.2        # linear in the sequence: no seq^2 score matrix
+    assert 40e9 <= s4k <= 250e9, s4k
+    assert 0.4 <= s4k / gb(4096, "fp32") <= 0.7         # in the run's precision
+    assert gb(4096, "bf16", tp=8) <= s4k / 2
+    assert gb(4096, "bf16", ac=True) <= s4k / 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout_args, shard_group", [
+    (["parallel=fsdp2"], 64), (["parallel=fsdp2", "parallel.tp=8"], 64),
+    (["parallel=hsdp", "parallel.shard_size=2", "parallel.tp=8"], 16)])
+def test_state_per_gpu_is_16_bytes_per_param_over_the_shard_group(monkeypatch, layout_args, shard_group):
+    import ablate.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "measure", _numels_only)
+    p = plan(validate(compose_cfg([*SIXTY_FOUR, "precision=bf16", *layout_args])))
+    assert p["ablate"].total == pytest.approx(16 * p["params"] / shard_group, rel=0.05)
+
+
+def _numels_only(cfg, tp=None):
+    """The 70b's parameter sizes without a forward (the state plan needs no activations)."""
+    from ablate.model import build
+    from ablate.model.facts import ModelFacts
+
+    lm = build(cfg.model, "meta")
+    return ModelFacts([p.numel() for p in lm.parameters()], 128256, {}, 0.0, "not measured")
+
+
+@pytest.mark.slow
+def test_planned_activations_are_what_a_small_run_saves(tmp_path):
+    args = ["model=small", "train.batch_size=4", "train.seq_len=128", "train.steps=2", "train.warmup_steps=1",
+            "metrics.gemm_probe_n=128"]
+    summary = run_in_process(tmp_path, args)
+    planned = plan(validate(compose_cfg(args)))["activation_bytes"]
+    assert summary["activation_bytes"] == pytest.approx(planned, rel=0.25), (summary["activation_bytes"], planned)
+
+
+# --- real runs: 4 gloo CPU ranks --------------------------------------------------------------------------------
+def losses(run):
+    return [r["loss"] for r in run[1]]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained")   # shares the `trained` runs (fsdp2 on 2 ranks, the single-process reference)
+def test_the_layout_never_changes_the_numbers(trained):
+    hsdp = trained("hsdp", "fp32", 4, "parallel.shard_size=2")
+    fsdp4 = trained("fsdp2", "fp32", 4)
+    assert losses(hsdp) == pytest.approx(losses(fsdp4), rel=1e-4)
+    fsdp_tp = trained("fsdp2", "fp32", 4, "parallel.tp=2")
+    assert losses(fsdp_tp) == pytest.approx(losses(trained("fsdp2", "fp32", 2)), rel=2e-3)
+    none_tp = trained("none", "fp32", 2, "parallel.tp=2", "train.grad_accum=2")
+    assert losses(none_tp) == pytest.approx(losses(trained("none", "fp32", 1, "train.grad_accum=2")), rel=2e-3)
+
+    for (summary, _), mesh, accum in ((hsdp, (2, 2, 1), 1), (fsdp4, (1, 4, 1), 1), (fsdp_tp, (1, 2, 2), 1),
+                                      (none_tp, (1, 1, 2), 2)):
+        layout = Layout(*mesh)
+        assert summary["mesh"] == layout.record()
+        assert summary["tokens_per_step"] == layout.dp * 8 * 64 * accum   # batch 8 x seq 64 per data-parallel rank
+        by_dim = summary["comm_bytes_by_dim"]
+        assert set(by_dim) == set(layout.active_dims()) and all(v > 0 for v in by_dim.values()), by_dim
+        for key, modeled in summary["modeled"].items():   # the comm model (parallel/comm_model.py) within 1%
+            if key.startswith("comm_bytes_by_dim.") and modeled is not None:
+                assert by_dim[key.split(".", 1)[1]] == pytest.approx(modeled, rel=0.01), (key, by_dim, modeled)
+        assert summary["activation_bytes"] > 0
+    # a TP rank keeps half the model state of the fsdp2 rank beside it in the shard group; hsdp twice fsdp2's
+    state = {k: max(sum(r["state_bytes"].values()) for r in run[0]["per_rank"])
+             for k, run in (("hsdp", hsdp), ("fsdp4", fsdp4), ("fsdp_tp", fsdp_tp))}
+    assert state["hsdp"] == pytest.approx(2 * state["fsdp4"], rel=0.05)
+    assert state["fsdp_tp"] == pytest.approx(state["fsdp4"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_users_model_splits_by_the_tp_plan_it_declares(user_files, tmp_path):
+    """The user's model file names its plan (tests/user/conf/model/mine_tp.yaml): 2 tp ranks train what one rank
+    trains (two `python -m ablate`, ~15 s); a user's model without a plan, and model=hf, are refused in one line."""
+    common = ["--config-dir", str(user_files.config_dir), "model=mine_tp", *RUN_COMMON]
+    split = run_cli([*common, "parallel=none", "parallel.tp=2", "launcher.nproc_per_node=2",
+                     f"hydra.run.dir={tmp_path / 'tp2'}"], env=user_files.env)
+    whole = run_cli([*common, f"hydra.run.dir={tmp_path / 'one'}"], env=user_files.env)
+    assert split.returncode == 0 and whole.returncode == 0, split.stderr[-2000:] + whole.stderr[-2000:]
+    tp2, one = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("tp2", "one"))
+    assert [r["loss"] for r in tp2] == pytest.approx([r["loss"] for r in one], rel=2e-3)
+    summary = json.loads((tmp_path / "tp2" / "summary.json").read_text())
+    assert summary["mesh"]["tp"] == 2 and summary["comm_bytes_by_dim"]["tp"] > 0
+    refused = run_cli(["--config-dir", str(user_files.config_dir), "model=mine", "parallel=none", "parallel.tp=2",
+                       "launcher.nproc_per_node=2"], env=user_files.env)
+    assert refused.returncode == 2 and "declares no tp_plan" in refused.stderr.strip(), refused.stderr
+    with pytest.raises(ConfigError, match="model=hf has no tensor-parallel plan"):
+        layout("model=hf", f"model.config={user_files.hf_config}", "parallel=fsdp2", "parallel.tp=2",
+               "launcher.nproc_per_node=2")
