@@ -16,6 +16,7 @@
 #                       packed again after each row and on exit (a killed script still returns what finished)
 #   OUT/report.md, OUT/report.csv   the final report over every row
 #   OUT/gpu_week4.log   this script's output;  OUT/gpu.txt   nvidia-smi's name, memory, driver
+#   OUT/plan_vs_measured.txt   ablate.plan's activations and state for each run's overrides beside what it saved
 #
 # Usage:  bash bench/gpu_week4.sh [--install-only] [OUT]
 #   OUT       default $OUT (the device tool's folder) or multirun/gpu_week4_<time>
@@ -46,7 +47,7 @@ say() { echo "[gpu_week4 +$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( $1 - $(date +%s) )); }
 pack() {   # everything under WORK as one archive in OUT (atomically), the report beside it
   tar czf "$DEST/results.tar.gz.part" -C "$WORK" . 2>/dev/null && mv -f "$DEST/results.tar.gz.part" "$DEST/results.tar.gz"
-  for f in report.md report.csv; do [ -f "$WORK/$f" ] && cp -f "$WORK/$f" "$DEST/$f"; done
+  for f in report.md report.csv plan_vs_measured.txt; do [ -f "$WORK/$f" ] && cp -f "$WORK/$f" "$DEST/$f"; done
   return 0
 }
 [ "$INSTALL_ONLY" = 0 ] && trap pack EXIT
@@ -114,5 +115,9 @@ budget=$(( $(left "$DEADLINE") - 10 ))
 [ "$budget" -lt 5 ] && budget=5
 timeout --kill-after=5 "$budget" "$PY" -m ablate.report "$WORK" > "$WORK/report.log" 2>&1 || say "!! report: see report.log"
 tail -n 40 "$WORK/report.log"
+# the plan (ablate.plan, fake tensors) against what each run's autograd saved on this GPU's attention kernels
+timeout --kill-after=5 60 "$PY" bench/plan_vs_measured.py "$WORK" > "$WORK/plan_vs_measured.txt" 2>&1 \
+  || say "!! plan vs measured: see plan_vs_measured.txt"
+cat "$WORK/plan_vs_measured.txt"
 pack
 say "done: $(ls "$DEST" | tr '\n' ' ')(in $DEST); every run dir is in results.tar.gz"

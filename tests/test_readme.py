@@ -124,6 +124,9 @@ def test_every_documented_command_runs_as_typed(source, line, expected, user):
         out = user[0] / line.split("--dir ")[1].split()[0]
         assert "**Confirmed** (3 more runs each): " in (out / "report.md").read_text()   # its verdict: the host's
         assert len(list(out.glob("confirm/*/summary.json"))) == 6
+    if line.startswith("python -m ablate.sweeps layouts "):   # one comparison per treatment, the layout column
+        report = (user[0] / "sweeps_out" / "layouts" / "report.md").read_text()
+        assert "layouts_hsdp" in report and "layouts_fsdp2_tp2" in report and "1x4x1 -> 2x2x1" in report, report
     if line == "python -m ablate precision=bf16 parallel=zero3":
         summary = json.loads((run_dirs(done.stderr)[0] / "summary.json").read_text())
         assert summary["numerics"]["compute_dtype"] == "bfloat16" and summary["per_rank"][0]["rank"] == 0

@@ -46,13 +46,20 @@ def single_process(tmp_path_factory):
     return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "zero3"])
+# hsdp on 2 nodes x 1 rank: one shard group per node (shard_size = the node's 1 rank), replicated across the nodes
+MESH = {"ddp": {"dp_replicate": 2, "dp_shard": 1, "tp": 1}, "hsdp": {"dp_replicate": 2, "dp_shard": 1, "tp": 1},
+        "zero3": {"dp_replicate": 1, "dp_shard": 2, "tp": 1}}
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "hsdp", "zero3"])
 def test_two_nodes_train_one_rank_each_and_match_one_process(tmp_path, single_process, parallel, capsys):
     result = cli_in_process(capsys, [*TWO_NODES, f"parallel={parallel}", *SHORT, "launcher.wait=true",
                                      f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["hosts"] == ["node1", "node2"] and summary["ranks_by_host"] == {"node1": [0], "node2": [1]}
+    assert summary["mesh"] == MESH[parallel] and summary["comm_bytes_by_dim"][
+        "dp_replicate" if MESH[parallel]["dp_replicate"] == 2 else "dp_shard"] > 0
     assert [(r["host"], r["node_rank"], r["local_rank"]) for r in summary["per_rank"]] == [("node1", 0, 0),
                                                                                           ("node2", 1, 0)]
     losses = [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")]

@@ -82,8 +82,8 @@ def _check_tp(tp: int, world: int, name: str, model) -> None:
         raise ConfigError(f"parallel.tp={tp}: model=hf has no tensor-parallel plan here; valid: parallel.tp=1 "
                           "(or a model file of your own with a tp_plan: docs/layouts.md)")
     elif isinstance(model, UserModelConfig) and not model.tp_plan:
-        raise ConfigError(f"parallel.tp={tp}: model={model.name} declares no tp_plan (which of its Linear layers "
-                          "split column- or row-wise); add `tp_plan:` to its YAML (docs/layouts.md) or use "
+        raise ConfigError(f"parallel.tp={tp}: your model ({model.target}) declares no tp_plan (which of its Linear "
+                          "layers split column- or row-wise); add `tp_plan:` to its YAML (docs/layouts.md) or use "
                           "parallel.tp=1")
 
 
