@@ -136,6 +136,10 @@ def test_files_that_cannot_feed_the_run_are_refused_in_one_line(tmp_path, user_f
     np.arange(10, dtype=np.uint16).tofile(short)
     with pytest.raises(ConfigError, match=r"10 token ids, shorter than one sequence \(train.seq_len \+ 1 = 65\)"):
         data_group.check(DataConfig(name="tokens", path=str(short)), 64, 512)
+    with pytest.raises(ConfigError, match=r"65 token ids, shorter than one batch \(train.batch_size x \(train.seq_len "
+                                          r"\+ 1\) = 8 x 65 = 520\)"):
+        np.arange(65, dtype=np.uint16).tofile(short)
+        data_group.check(DataConfig(name="tokens", path=str(short)), 64, 512, batch_size=8)
     with pytest.raises(ConfigError, match="holds token id 511, but the model's vocabulary has 256"):
         data_group.check(DataConfig(name="tokens", path=str(user_files.tokens)), 64, 256)
     odd = tmp_path / "odd.bin"
@@ -282,3 +286,56 @@ def test_maxbatch_without_a_budget_takes_half_the_available_memory():
 
     limit, rule = budget(None, cuda=False)
     assert limit > 0 and "half the memory available now" in rule
+
+
+# -- the model's own arguments, and a model the probes cannot run ---------------------------------------------
+
+def test_a_constructor_that_needs_max_seq_len_trains_and_a_longer_sequence_is_refused(tmp_path, monkeypatch,
+                                                                                      capsys, user_files):
+    """In process (~3 s): every key of the model file reaches the constructor (max_seq_len too); the vocabulary
+    comes from the YAML for a module without a `vocab_size` attribute; train.seq_len past max_seq_len is one
+    line, exit 2, no run dir."""
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    args = ["--config-dir", str(user_files.config_dir), "model=positional", "logger=none", "train.steps=8",
+            "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=128"]
+    assert main_in_process(monkeypatch, [*args, f"hydra.run.dir={tmp_path}/fits"]) == 0
+    summary = json.loads((tmp_path / "fits" / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["vocab_size"] == 512
+    capsys.readouterr()
+    code = main_in_process(monkeypatch, [*args, "train.seq_len=128", f"hydra.run.dir={tmp_path}/long"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["ablate: error: train.seq_len=128: must be <= model.max_seq_len=64"], err
+    assert not (tmp_path / "long").exists()
+
+
+def builds_with_blocks(vocab_size=512, blocks=2):
+    return torch.nn.Linear(vocab_size, vocab_size)
+
+
+def test_a_constructor_argument_named_like_an_ablate_key_is_refused():
+    cfg = UserModelConfig(target=f"{__name__}.builds_with_blocks", name="clash", args={"vocab_size": 512})
+    with pytest.raises(ConfigError, match="takes `blocks`, a key of the model file that ablate reads itself"):
+        build(cfg, "meta")
+
+
+MIXTRAL = {"model_type": "mixtral", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def test_a_mixture_of_experts_trains_and_says_how_its_flops_were_counted(tmp_path, monkeypatch):
+    """A tiny transformers Mixtral (in process, ~4 s): its grouped matmul runs on neither meta nor fake tensors in
+    fp32, so its FLOPs are counted on one real sequence (the experts each token uses: 6 x its active parameters)
+    and its activations are not planned; it trains."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "mixtral.json"
+    config.write_text(json.dumps(MIXTRAL))
+    args = ["model=hf", f"model.config={config}", "logger=none", "train.steps=4", "train.warmup_steps=1",
+            "train.log_every=2", "metrics.gemm_probe_n=128"]
+    assert main_in_process(monkeypatch, [*args, f"hydra.run.dir={tmp_path}/run"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # active matmul weights per layer: q, o 64x64, k, v 64x32, the router 64x4, 2 of 4 experts' 3 64x128 matrices
+    active = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 64 * 4 + 2 * 3 * 64 * 128) + 64 * 256
+    assert summary["flops_source"].startswith("counted: torch.utils.flop_counter on one real sequence")
+    assert summary["flops_per_token"] == pytest.approx(6 * active, rel=1e-6)
+    assert summary["activation_bytes"] > 0 and summary["loss"] is not None

@@ -99,7 +99,7 @@ def tokens_of(cfg: DataConfig) -> Optional[np.ndarray]:
     return read(cfg) if read is not None else None
 
 
-def check(cfg: DataConfig, seq_len: int, vocab_size: int) -> None:
+def check(cfg: DataConfig, seq_len: int, vocab_size: int, batch_size: int = 1) -> None:
     """A file that cannot feed this run, refused in one line (before any rank starts). Reads every id once."""
     tokens = tokens_of(cfg)
     if tokens is None:
@@ -107,6 +107,10 @@ def check(cfg: DataConfig, seq_len: int, vocab_size: int) -> None:
     if len(tokens) < seq_len + 1:
         raise ConfigError(f"data.path={cfg.path}: {len(tokens)} token ids, shorter than one sequence "
                           f"(train.seq_len + 1 = {seq_len + 1})")
+    if len(tokens) < batch_size * (seq_len + 1):   # its sequences would overlap: every batch reads the same ids
+        raise ConfigError(f"data.path={cfg.path}: {len(tokens)} token ids, shorter than one batch (train.batch_size "
+                          f"x (train.seq_len + 1) = {batch_size} x {seq_len + 1} = {batch_size * (seq_len + 1)}); "
+                          "a longer file, or a smaller train.batch_size or train.seq_len")
     largest = int(tokens.max())
     if largest >= vocab_size:
         raise ConfigError(f"data.path={cfg.path}: holds token id {largest}, but the model's vocabulary has "

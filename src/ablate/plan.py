@@ -94,6 +94,9 @@ def render(p: Dict[str, object]) -> None:
     Console().print(table)
     recompute = ", activation checkpointing: the blocks' inputs + one block's recompute" \
         if p["activation_checkpointing"] else ""
+    if p["activation_bytes"] is None:
+        print(f"Activations per GPU: {p['activation_source']}")
+        return
     print(f"Activations per GPU: {gb(p['activation_bytes'])} for one micro-batch of {p['micro_batch']} (what the "
           f"forward keeps for backward{recompute}; {p['activation_source']}; docs/layouts.md) on top of the ablate "
           "row; communication buffers and the allocator's cache come on top of both.")

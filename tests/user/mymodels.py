@@ -45,3 +45,19 @@ class PerSequenceScore(nn.Module):
 
     def forward(self, tokens):
         return self.score(self.embed(tokens).mean(1))
+
+
+class PositionalLM(nn.Module):
+    """Needs `max_seq_len` (a learned position table) and keeps no `vocab_size` attribute: both come from its YAML."""
+
+    def __init__(self, vocab_size, dim, max_seq_len):
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(vocab_size, dim), nn.Embedding(max_seq_len, dim)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim)) for _ in range(2))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, tokens):
+        h = self.embed(tokens) + self.pos.weight[: tokens.shape[1]]   # past max_seq_len: too short, an error
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)

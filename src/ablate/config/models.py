@@ -57,14 +57,17 @@ class HFModelConfig:
         return None
 
 
-# keys of a user's model node that ablate reads; every other key is an argument of `_target_`
-USER_MODEL_KEYS = ("name", "_target_", "blocks", "activation_checkpointing", "max_seq_len", "tp_plan")
+# keys of a user's model node that are ablate's alone; every other key is an argument of `_target_` (max_seq_len
+# and vocab_size too: ablate reads them as well, and a constructor taking one of these is refused: model/__init__.py)
+USER_MODEL_KEYS = ("name", "_target_", "blocks", "activation_checkpointing", "tp_plan")
 
 
 @dataclass
 class UserModelConfig:
     """A model file of the user's own (`--config-dir DIR`, `DIR/model/NAME.yaml`): `_target_` names a class or
-    function that returns an nn.Module (built with Hydra's instantiate), the other keys are its arguments."""
+    function that returns an nn.Module, every other key but ablate's own (USER_MODEL_KEYS) is its argument.
+    `max_seq_len` and `vocab_size`, when given, are arguments that ablate reads too (the longest train.seq_len;
+    the vocabulary of a module without a `vocab_size` attribute)."""
     target: str
     name: str = "custom"
     args: Dict[str, Any] = field(default_factory=dict)

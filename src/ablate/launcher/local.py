@@ -41,7 +41,7 @@ def check(cfg: AblateConfig) -> None:
         check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
     train.check_runnable(cfg, torch.device(kind))
     facts = measure(cfg)     # the model on fake tensors: its vocabulary, parameters and activations
-    data.check(cfg.data, cfg.train.seq_len, facts.vocab_size)
+    data.check(cfg.data, cfg.train.seq_len, facts.vocab_size, cfg.train.batch_size)
     memory_guard.check_memory(cfg, kind, facts)
 
 

@@ -14,6 +14,7 @@ Accounting (stated, since peers differ):
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 from ablate.config import ModelConfig
 
@@ -149,7 +151,7 @@ class FlopModel:
                    block_matmul_params(cfg) + cfg.dim * cfg.vocab_size, ANALYTIC, cfg)
 
     @classmethod
-    def fitted(cls, counts: Dict[int, Tuple[float, float]], matmul_params: int) -> "FlopModel":
+    def fitted(cls, counts: Dict[int, Tuple[float, float]], matmul_params: int, source: str = "") -> "FlopModel":
         """From counted training FLOPs of one sequence at two lengths, {length: (model, hardware)}:
         F(L) = a L + b L^2 solved for (a, b)."""
         (l1, c1), (l2, c2) = sorted(counts.items())[-1], sorted(counts.items())[0]
@@ -159,7 +161,7 @@ class FlopModel:
             b = (f1 - f2) / (l1 - l2) if l1 != l2 else 0.0
             return f1 - b * l1, b
         (a, b), (ha, hb) = solve(0), solve(1)
-        return cls(a, b, ha, hb, matmul_params, COUNTED)
+        return cls(a, b, ha, hb, matmul_params, source or COUNTED)
 
     def training(self, tokens: float, tokens_x_len: float) -> FlopsPerToken:
         return FlopsPerToken(model=self.per_token * tokens + self.per_token_len * tokens_x_len,
@@ -186,8 +188,24 @@ class FlopModel:
         return 6.0 * (block_matmul_params(self.llama) if self.llama is not None else self.matmul_params)
 
 
+def grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of torch's grouped matmul (aten._grouped_mm: a mixture of experts' tokens, each row through its own
+    expert's matrix), which torch's FLOP counter has no formula for. Each output element is a dot product over the
+    inner dim, except a 2-D x 2-D product grouped along the inner dim (the experts' weight gradients), whose
+    groups split that dim: 2·K·M·N in all."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * math.prod(out_shape) * a_shape[-1]
+
+
+if hasattr(torch.ops.aten, "_grouped_mm"):   # counted by every FlopCounterMode in this process from here on
+    register_flop_formula(torch.ops.aten._grouped_mm)(grouped_mm_flops)
+
+
 ANALYTIC = "analytic: the built-in Llama's formula (metrics/flops.py)"
 COUNTED = "counted: torch.utils.flop_counter on the meta device, at train.seq_len and half of it"
+COUNTED_REAL = ("counted: torch.utils.flop_counter on one real sequence in the run's dtype, at train.seq_len and half "
+                "of it; activation checkpointing's recompute not told apart (the meta device cannot run this model)")
 
 
 def utilization(tokens_per_s_per_device: float, flops: float, peak_flops: Optional[float]) -> Optional[float]:

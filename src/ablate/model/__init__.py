@@ -8,6 +8,7 @@ activation checkpointing to the blocks of a model that does not do it itself.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable, Dict
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from ablate.config import ConfigError, HFModelConfig, ModelConfig, UserModelConfig
 from ablate.config.fields import user_object
+from ablate.config.models import USER_MODEL_KEYS
 from ablate.model.contract import Blocks, LanguageModel, ModelContractError, count_params, find_blocks, matmul_params
 from ablate.model.llama import Transformer
 
@@ -43,9 +45,24 @@ def target_of(cfg: UserModelConfig) -> Callable:
     return user_object("model._target_", cfg.target)
 
 
-def build_target(cfg: UserModelConfig) -> nn.Module:
+def check_no_collision(cfg: UserModelConfig, target: Callable) -> None:
+    """A constructor argument named like one of ablate's own model keys would never receive its value: said."""
     try:
-        net = target_of(cfg)(**cfg.args)
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):   # a builtin or C callable: nothing to compare
+        return
+    taken = [k for k in USER_MODEL_KEYS if k in params and k != "_target_"]
+    if taken:
+        raise ConfigError(f"model._target_={cfg.target} takes `{taken[0]}`, a key of the model file that ablate reads "
+                          f"itself ({', '.join(k for k in USER_MODEL_KEYS if k != '_target_')}): rename that "
+                          "argument")
+
+
+def build_target(cfg: UserModelConfig) -> nn.Module:
+    target = target_of(cfg)
+    check_no_collision(cfg, target)
+    try:
+        net = target(**cfg.args)
     except TypeError as e:
         raise ConfigError(f"model={cfg.name}: {cfg.target}(**{dict(cfg.args)}) failed: {e}") from None
     if not isinstance(net, nn.Module):

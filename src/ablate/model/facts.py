@@ -6,6 +6,7 @@ metrics/activations.py counts them, docs/layouts.md gives the model and its sour
 """
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -14,9 +15,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.config import AblateConfig, ConfigError, ModelConfig
+from ablate.config import AblateConfig, ModelConfig
 from ablate.metrics.activations import SavedTensors
-from ablate.metrics.flops import FlopModel
+from ablate.metrics.flops import COUNTED_REAL, FlopModel
 from ablate.model import build, matmul_params
 from ablate.model.contract import ModelContractError, vocab_size_of
 from ablate.precision import numerics
@@ -27,7 +28,7 @@ class ModelFacts:
     numels: List[int]
     vocab_size: int
     blocks: Dict[str, object]
-    activation_bytes: float       # one rank, one micro-step, in the run's precision (metrics/activations.py)
+    activation_bytes: Optional[float]   # one rank, one micro-step, in the run's precision (metrics/activations.py)
     activation_source: str = ""   # how they were measured
 
 
@@ -51,12 +52,38 @@ def _without_checkpointing(cfg):
     return replace(cfg, activation_checkpointing=False)
 
 
-def flop_model(cfg, seq: int, net) -> FlopModel:
+def real_flops(lm, seq: int, compute_dtype) -> float:
+    """Training FLOPs of one sequence counted on the real model, in the run's dtype (autocast): for a model the meta
+    device cannot run (a mixture of experts' grouped matmul wants bf16 there). Its gradients are dropped and the
+    random state put back: training starts as it would have."""
+    device = next(lm.parameters()).device
+    x = torch.zeros(1, seq, dtype=torch.long, device=device)
+    autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype is not None else nullcontext()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with FlopCounterMode(display=False) as counter:
+            with autocast:
+                loss = lm(x, x)
+            loss.backward()
+    for p in lm.parameters():
+        p.grad = None
+    return float(counter.get_total_flops())
+
+
+def flop_model(cfg, seq: int, net, lm=None, compute_dtype=None) -> FlopModel:
+    """The built-in Llama's formula; any other model counted on the meta device, or, where the meta device cannot
+    run it and the real model `lm` is given, on one real sequence (summary.json's `flops_source` says which)."""
     if isinstance(cfg, ModelConfig):
         return FlopModel.analytic(cfg)
     lengths = sorted({seq, max(1, seq // 2)})
-    counts = {n: (counted_flops(cfg, n, False), counted_flops(cfg, n, True)) for n in lengths}
-    return FlopModel.fitted(counts, matmul_params(net))
+    try:
+        counts = {n: (counted_flops(cfg, n, False), counted_flops(cfg, n, True)) for n in lengths}
+        return FlopModel.fitted(counts, matmul_params(net))
+    except (RuntimeError, NotImplementedError) as e:   # a probe never decides whether a model that runs may train
+        if lm is None:
+            raise
+        counts = {n: (real_flops(lm, n, compute_dtype),) * 2 for n in lengths}
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}"[:160]
+        return FlopModel.fitted(counts, matmul_params(net), source=f"{COUNTED_REAL} ({why})")
 
 
 def _plain(cfg):
@@ -71,6 +98,8 @@ def saved_on_fake(cfg: AblateConfig) -> Tuple[SavedTensors, List[int], Optional[
     that cannot run on fake tensors is measured on the meta device (SDPA there keeps the seq^2 scores: an upper
     figure, said in `source`)."""
     compute = numerics(cfg.precision.name).compute_dtype
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")   # logs each kernel that fails, traceback and all:
+    level, fake_log.level = fake_log.level, logging.CRITICAL        # a model it cannot run is said once, below
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
             return _forward(cfg, "cpu", compute) + ("fake tensors, the run's attention and precision",)
@@ -78,6 +107,8 @@ def saved_on_fake(cfg: AblateConfig) -> Tuple[SavedTensors, List[int], Optional[
         raise
     except Exception:   # a model fake tensors cannot run (data-dependent shapes): the meta device, no autocast
         return _forward(cfg, "meta", None) + ("meta device, float32 (this model does not run on fake tensors)",)
+    finally:
+        fake_log.setLevel(level)
 
 
 def _forward(cfg: AblateConfig, device: str, compute) -> Tuple[SavedTensors, List[int], Optional[int]]:
@@ -102,16 +133,27 @@ def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
 
 def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
     """The facts of cfg.model at cfg.train's micro-batch: one rank's share at tensor-parallel degree `tp` (default
-    the run's, parallel.tp)."""
+    the run's, parallel.tp). A model whose forward runs on neither fake nor meta tensors (a mixture of experts'
+    grouped matmul) is not refused for it: its activations are not measured (None, `activation_source` says why)."""
     try:
         saved, numels, vocab, source = saved_on_fake(cfg)
+        activations = activation_bytes(saved, cfg, tp or cfg.parallel.tp)
     except ModelContractError:
         raise
-    except (RuntimeError, NotImplementedError) as e:
-        raise ConfigError(f"model={cfg.model.name}: its forward fails on the meta device ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0]})") from None
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        lm = build(cfg.model, "meta")
+        numels, vocab, activations = [p.numel() for p in lm.parameters()], vocab_size_of(lm.net), None
+        source = (f"not measured: its forward runs on neither fake nor meta tensors ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:160]})")
+    vocab = vocab or declared_vocab(cfg.model)
     if vocab is None:
-        raise ModelContractError(f"model={cfg.model.name}: no vocab_size on the model or its config; give the "
-                                 "module a `vocab_size` attribute")
+        raise ModelContractError(f"model={cfg.model.name}: no vocab_size on the model, its config or its YAML; give "
+                                 "the module a `vocab_size` attribute or the model file a `vocab_size:` key")
     blocks = build(cfg.model, "meta").blocks.record()
-    return ModelFacts(numels, vocab, blocks, activation_bytes(saved, cfg, tp or cfg.parallel.tp), source)
+    return ModelFacts(numels, vocab, blocks, activations, source)
+
+
+def declared_vocab(model_cfg) -> Optional[int]:
+    """A user's model file's `vocab_size:` (a constructor argument), for a module without the attribute."""
+    size = getattr(model_cfg, "args", {}).get("vocab_size")
+    return int(size) if isinstance(size, int) and size > 0 else None

@@ -51,7 +51,8 @@ def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts
         return
     facts = facts or measure(cfg)
     state = parallel.plan_bytes(facts.numels, cfg).total
-    per_rank = state + facts.activation_bytes
+    activations = facts.activation_bytes or 0.0   # None: not measurable for this model; the state alone
+    per_rank = state + activations
     if device_type == "cuda":
         have, where, need = gpu_bytes(), "this GPU has", per_rank
     else:
@@ -61,7 +62,7 @@ def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts
         return
     raise ConfigError(
         f"model={cfg.model.name}: needs about {fmt('bytes', need)} ({cfg.launcher.nproc_per_node} rank(s) x "
-        f"{fmt('bytes', state)} model state (ablate.plan) + {fmt('bytes', facts.activation_bytes)} activations"
+        f"{fmt('bytes', state)} model state (ablate.plan) + {fmt('bytes', activations)} activations"
         f"{' + runtime' if device_type != 'cuda' else ''}), {where} {fmt('bytes', have)}; what would fit: a smaller "
         "model, parallel=zero3 or fsdp2 over more ranks, activation checkpointing or a smaller batch "
         "(or train.skip_memory_check=true)")

@@ -21,7 +21,7 @@ from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
 from ablate.model import count_params
 from ablate.model.contract import vocab_size_of
-from ablate.model.facts import flop_model
+from ablate.model.facts import declared_vocab, flop_model
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
@@ -51,8 +51,9 @@ def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
     torch.manual_seed(cfg.train.seed)           # same initial weights on every rank (TP splits the same tensors)
     model = build_model(cfg.model, env.device)
     facts = {"params": count_params(model.net, non_embedding=False), "params_non_embedding": count_params(model.net),
-             "blocks": model.blocks.record(), "vocab_size": vocab_size_of(model.net),
-             "flops": flop_model(cfg.model, cfg.train.seq_len, model.net)}
+             "blocks": model.blocks.record(), "vocab_size": vocab_size_of(model.net) or declared_vocab(cfg.model),
+             "flops": flop_model(cfg.model, cfg.train.seq_len, model.net, model,
+                                 precision_group.numerics(cfg.precision.name).compute_dtype)}
     blocks = list(model.blocks.modules)
     facts["modeled"] = modeled(cfg, layout, [p.numel() for p in model.parameters()], facts["params"])
     strategy = parallel.build(cfg, model, env.device, layout, mesh)

@@ -78,10 +78,11 @@ def prune_reason(overrides: List[str], budget_bytes: Optional[float]) -> Optiona
     state = parallel.plan_bytes(facts.numels, cfg).total
     # a lower bound (no allocator cache, buffers or runtime): pruned only what cannot fit; a trial over the
     # budget that ran anyway is judged by what it measured
-    need = state + facts.activation_bytes
+    activations = facts.activation_bytes or 0.0   # None: not measurable for this model; the state alone
+    need = state + activations
     if need > budget_bytes:
         return (f"needs at least {fmt('bytes', need)} per rank (model state {fmt('bytes', state)} + activations "
-                f"{fmt('bytes', facts.activation_bytes)}), over the {fmt('bytes', budget_bytes)} budget")
+                f"{fmt('bytes', activations)}), over the {fmt('bytes', budget_bytes)} budget")
     return None
 
 
