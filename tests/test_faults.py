@@ -533,7 +533,7 @@ def test_a_read_only_sweep_dir_or_report_dir_is_one_line(tmp_path, capsys):
         subprocess.run(["umount", "--lazy", str(ro)], capture_output=True)
 
 
-def test_a_report_is_never_written_into_an_unfinished_run(tmp_path, capsys):   # in process, ~1 s
+def test_a_report_is_never_written_into_a_run(tmp_path, capsys):   # in process, ~1 s
     from ablate import report
     from test_report import fake_run
 
@@ -542,6 +542,12 @@ def test_a_report_is_never_written_into_an_unfinished_run(tmp_path, capsys):   #
     live = tmp_path / "live"
     live.mkdir()
     (live / "config.yaml").write_text("precision:\n  name: bf16\n")       # started, no summary.json yet
-    assert report.main([str(live), str(tmp_path / "done"), str(tmp_path / "other")]) == 2
-    assert "has not finished" in capsys.readouterr().err and sorted(p.name for p in live.iterdir()) == ["config.yaml"]
-    assert report.main([str(live), str(tmp_path / "done"), str(tmp_path / "other"), "--out", str(tmp_path / "r")]) == 0
+    before = {p: p.read_bytes() for d in ("done", "other") for p in (tmp_path / d).rglob("*") if p.is_file()}
+    assert report.main([str(tmp_path / "done"), str(tmp_path / "other"), str(live)]) == 0   # beside them, not in
+    assert (tmp_path / "report-done-other-live" / "report.md").is_file()
+    assert sorted(p.name for p in live.iterdir()) == ["config.yaml"]
+    assert {p: p.read_bytes() for d in ("done", "other") for p in (tmp_path / d).rglob("*") if p.is_file()} == before
+    capsys.readouterr()
+    assert report.main([str(tmp_path / "done"), str(tmp_path / "other"), "--out", str(live)]) == 2
+    assert "is a run's folder: a report never writes into a run" in capsys.readouterr().err
+    assert sorted(p.name for p in live.iterdir()) == ["config.yaml"]

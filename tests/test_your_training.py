@@ -3,6 +3,7 @@ a transformers model from its config, a token file, an optimizer and schedule, a
 one's own. The contract, FLOPs, schedule and data are checked in process with hand-checked numbers; each way
 in runs end to end once (costs noted per test)."""
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -339,3 +340,26 @@ def test_a_mixture_of_experts_trains_and_says_how_its_flops_were_counted(tmp_pat
     assert summary["flops_source"].startswith("counted: torch.utils.flop_counter on one real sequence")
     assert summary["flops_per_token"] == pytest.approx(6 * active, rel=1e-6)
     assert summary["activation_bytes"] > 0 and summary["loss"] is not None
+
+
+@pytest.mark.parametrize("edit, line", [
+    (("  technique: optimizer choice", "  technique: optimizer choice\n  tecnique: typo"),
+     "sweep.tecnique: no such key in sweep mysweep; valid keys: repeat, arm, name"),
+    (("  baseline: adamw\n", ""), "sweep.baseline: sweep mysweep compares arms of sweep.knob=optim.name but names "
+                                  "no baseline"),
+    (("      optim: adamw,sgd", "      optim: adamw,sgd\n      train.stepz: 1,2"), "Key 'stepz' not in 'TrainConfig'"),
+    (("effect: ratio", "effect: ratios"), "sweep.checks[0].effect=ratios: not a valid choice"),
+])
+def test_a_sweep_file_that_cannot_be_judged_is_refused_before_anything_trains(tmp_path, capsys, user_files, edit,
+                                                                               line):
+    """A user's sweep file with an unknown key, no baseline, an arm on a key no config has, a check of an unknown
+    kind: ablate.sweeps exits 2 in one line with nothing written (in process, < 1 s each)."""
+    from ablate.sweeps.__main__ import main as sweeps_main
+
+    shutil.copytree(user_files.config_dir, tmp_path / "conf")
+    path = tmp_path / "conf" / "sweeps" / "mysweep.yaml"
+    path.write_text(path.read_text().replace(*edit))
+    assert sweeps_main(["mysweep", "--config-dir", str(tmp_path / "conf"), "--dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
+    assert not (tmp_path / "out").exists()

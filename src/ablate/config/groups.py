@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
 from ablate.config.models import ModelConfig, model_from_node
+from ablate.config.sweep import check_sweep
 
 
 @dataclass
@@ -277,6 +278,7 @@ class AblateConfig:
     def __post_init__(self):
         if isinstance(self.model, dict):
             self.model = model_from_node(self.model)
+        check_sweep(self.sweep)   # a sweeps/ file's node: refused before any of its runs trains
         t, world = self.train, self.launcher.world_size
         if t.global_batch_size is not None:   # over the data-parallel ranks: a tensor-parallel group shares a batch
             dp = max(1, world // self.parallel.tp)

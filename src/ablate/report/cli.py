@@ -16,7 +16,8 @@ def main(argv: List[str] = None) -> int:
         "Claimed vs measured for runs of sweeps/ files, or a comparison of any runs (the knob is inferred "
         "from their configs): effects with 95% intervals over repeats and a verdict per check."))
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories or multirun/sweep directories")
-    parser.add_argument("--out", type=Path, help="where report.md/.csv/PNG go (default: the first directory)")
+    parser.add_argument("--out", type=Path, help="where report.md/.csv/PNG go (default: the first directory when it "
+                        "is a sweep's, else report-<names> beside the first run: a run's own folder is never written)")
     parser.add_argument("--mixed-hardware", action="store_true",
                         help="pair runs made on different hardware (refused by default)")
     parser.add_argument("--confidence", type=float, default=0.95,
@@ -39,10 +40,10 @@ def main(argv: List[str] = None) -> int:
               "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
               file=sys.stderr)
         return 2
-    out = args.out or args.dirs[0]
-    if args.out is None and (out / "config.yaml").is_file() and not (out / "summary.json").is_file():
-        print(f"ablate.report: error: {out} is a run that has not finished (no summary.json): the report is not "
-              "written into it; give --out DIR", file=sys.stderr)
+    out = args.out or default_out(args.dirs)
+    if is_a_run(out):
+        print(f"ablate.report: error: --out {out} is a run's folder: a report never writes into a run; give another "
+              "--out DIR", file=sys.stderr)
         return 2
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -68,6 +69,21 @@ def main(argv: List[str] = None) -> int:
     if args.wandb:
         return wandb_view.push(report, where) if where else _no_wandb_runs()
     return 0
+
+
+def is_a_run(path: Path) -> bool:
+    """A run's own folder (its resolved config, or its record): what a report must leave as it is."""
+    return (path / "config.yaml").is_file() or (path / "summary.json").is_file()
+
+
+def default_out(dirs: List[Path]) -> Path:
+    """The first directory when it holds runs (a sweep's, a multirun's); for runs given by their own folders, a
+    folder beside the first of them named after them all."""
+    first = dirs[0]
+    if not is_a_run(first):
+        return first
+    name = "report-" + "-".join(d.resolve().name for d in dirs)
+    return first.resolve().parent / (name if len(name) <= 100 else name[:91] + f"-{len(dirs)}-runs")
 
 
 def _no_wandb_runs() -> int:
