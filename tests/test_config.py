@@ -119,8 +119,10 @@ def test_keys_the_schema_does_not_know_are_refused(override, needle):
 
 
 def test_free_form_nodes_still_take_any_key():
-    cfg = validate(compose_cfg(["+nccl.env.NCCL_DEBUG=INFO", "+sweep.anything=1"]))
+    cfg = validate(compose_cfg(["+nccl.env.NCCL_DEBUG=INFO", "+launcher.additional_parameters.anything=1"]))
     assert cfg.nccl.env["NCCL_DEBUG"] == "INFO"
+    with pytest.raises(ConfigError, match="sweep.anything: no such key in sweep"):   # checked: config/sweep.py
+        validate(compose_cfg(["+sweep.anything=1"]))
 
 
 def test_every_choice_has_one_implementation_in_its_registry():

@@ -363,3 +363,19 @@ def test_a_sweep_file_that_cannot_be_judged_is_refused_before_anything_trains(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and line in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_your_optimizer_file_is_built_as_written_and_recorded_as_built(tmp_path, monkeypatch, user_files):
+    """In process (~2 s): DIR/optim/rms.yaml (`_target_: torch.optim.RMSprop`, lr 0.001, alpha 0.9) inherits
+    nothing from adamw (its weight_decay 0.1 above all); summary.json names what was built, with its values."""
+    args = ["--config-dir", str(user_files.config_dir), "optim=rms", "logger=none", "train.steps=4",
+            "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"]
+    assert main_in_process(monkeypatch, args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    built = summary["optimizer"]
+    assert built["class"] == "torch.optim.rmsprop.RMSprop" and summary["choices"]["optim"] == "rms"
+    assert {k: built["hyperparameters"][k] for k in ("lr", "alpha", "weight_decay")} == {"lr": 0.001, "alpha": 0.9,
+                                                                                        "weight_decay": 0}
+    assert (tmp_path / "config.yaml").read_text().count("name: rms") == 1
+    adamw = optim.describe(optim.build([torch.nn.Parameter(torch.zeros(2, 2))], OptimConfig()))
+    assert adamw["class"] == "torch.optim.adamw.AdamW" and adamw["hyperparameters"]["betas"] == [0.9, 0.95]

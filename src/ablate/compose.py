@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ablate import CONF_DIR, launcher
-from ablate.config import MODEL_SCHEMAS, AblateConfig, AblateError, ConfigError
+from ablate.config import SCHEMA_FILES, AblateConfig, AblateError, ConfigError
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import guards
 from ablate.train.ranks import rank_env
@@ -93,7 +93,7 @@ def _one_line(e: BaseException) -> ConfigError:
     file's error names the file, the key and the problem."""
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
         group, _, choice = str(e.missing_cfg_file).rpartition("/")
-        options = [o for o in e.options if o not in MODEL_SCHEMAS]   # schemas, not choices
+        options = [o for o in e.options if o not in SCHEMA_FILES]   # schemas, not choices
         return ConfigError(f"{group}={choice}: no such choice for '{group}'; valid choices: {', '.join(options)}")
     cause = e.__cause__ or e.__context__
     if isinstance(e, yaml.YAMLError) or isinstance(cause, yaml.YAMLError):
@@ -109,7 +109,7 @@ def choices(group: str, overrides: List[str] = ()) -> List[str]:
     """The choices Hydra knows for a group (inside hydra_context; a searchpath override counts)."""
     if overrides:
         compose("config", overrides=[o for o in overrides if o.startswith("hydra.searchpath=")])
-    return sorted(o for o in GlobalHydra.instance().config_loader().get_group_options(group) if o not in MODEL_SCHEMAS)
+    return sorted(o for o in GlobalHydra.instance().config_loader().get_group_options(group) if o not in SCHEMA_FILES)
 
 
 def validate(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> AblateConfig:
@@ -250,7 +250,7 @@ def run_record(cfg: DictConfig, checked: AblateConfig) -> Dict:
     plain = cfg.copy()
     with open_dict(plain):
         plain.pop("hydra", None)
-    for group in LABELLED_BY_CHOICE:
+    for group in LABELLED_BY_CHOICE + ("optim",):   # (a user's optimizer file, too, is recorded by its choice)
         with open_dict(plain[group]):
             plain[group].name = getattr(checked, group).name
     return OmegaConf.to_container(plain, resolve=True)

@@ -107,8 +107,18 @@ def dump_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-# summary.json figures kept by key (the layout's): W&B's summary gets them as <key>/<dim>
-NESTED_FIGURES = ("mesh", "comm_bytes_by_dim")
+# summary.json figures kept by key (the layout's, the optimizer's): W&B's summary gets them as <key>/<sub>/...
+NESTED_FIGURES = ("mesh", "comm_bytes_by_dim", "optimizer")
+
+
+def flattened(node: Dict, prefix: str) -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for k, v in node.items():
+        if isinstance(v, dict):
+            out.update(flattened(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float, str)) or v is None:
+            out[f"{prefix}{k}"] = v
+    return out
 
 class Tracker:
     def __init__(self, cfg: LoggerConfig, run_dir: Path, resolved_config: Dict, choices: Dict[str, str],
@@ -222,7 +232,8 @@ class Tracker:
                                 "name": self.wandb.name, "dir": str(Path(self.wandb.dir).parent),
                                 "url": self.wandb.url if self.mode == "online" else None}
             flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) or v is None}
-            flat.update({f"{k}/{dim}": v for k in NESTED_FIGURES for dim, v in (summary.get(k) or {}).items()})
+            for key in NESTED_FIGURES:
+                flat.update(flattened(summary.get(key) or {}, f"{key}/"))
             self._guarded("summary", lambda: self.wandb.summary.update(flat))
         dump_json(self.run_dir / "summary.json", {k: _jsonable(v) for k, v in summary.items()})
         self.close()

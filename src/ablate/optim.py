@@ -1,8 +1,9 @@
 """conf/optim -> the optimizer over a model's parameters, and the learning rate at each step.
 
-`REGISTRY` decodes `optim.name` (adamw | sgd); a `_target_` (any torch.optim.Optimizer class, or a function
-returning one) is called with the parameter groups, `lr` and `optim.args`. Matrices decay, the rest (norms,
-biases) do not, whichever optimizer.
+`REGISTRY` decodes `optim.name` (adamw | sgd); a user's optimizer file (`_target_`: any torch.optim.Optimizer class,
+or a function returning one) is called with the parameter groups, `lr` and its other keys as written, nothing
+inherited (a `_target_` typed on the command line gets `lr` and `optim.args`). Matrices decay, the rest (norms,
+biases) do not, whichever optimizer; `describe` records what was built.
 
 The schedule is a pure function of the step (`lr_at`), as transformers' get_cosine_schedule_with_warmup is:
 a resumed run is at the same learning rate as the run it continues without any scheduler state to load,
@@ -11,21 +12,24 @@ and the same under every strategy (DeepSpeed's engine included).
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from ablate.config import ConfigError, OptimConfig
+from ablate.config import ConfigError, OptimConfig, UserOptimConfig
 from ablate.config.fields import user_object
 
 
-def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> List[Dict]:
+def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: Optional[float]) -> List[Dict]:
+    """Matrices, then the rest (norms, biases), each split by kind (`by_kind`); matrices decay by `weight_decay`, the
+    rest not. None: no weight_decay in any group (a user's optimizer without one keeps its own default)."""
     params = [p for p in params if p.requires_grad]
     groups = []
     for decay, chosen in ((weight_decay, [p for p in params if p.dim() >= 2]),
-                          (0.0, [p for p in params if p.dim() < 2])):
-        groups += [{"params": kind, "weight_decay": decay} for kind in by_kind(chosen)]
+                          (0.0 if weight_decay is not None else None, [p for p in params if p.dim() < 2])):
+        decayed = {"weight_decay": decay} if decay is not None else {}
+        groups += [{"params": kind, **decayed} for kind in by_kind(chosen)]
     return groups
 
 
@@ -57,16 +61,42 @@ def target(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:
 REGISTRY: Dict[str, Callable[[List[Dict], OptimConfig], torch.optim.Optimizer]] = {"adamw": adamw, "sgd": sgd}
 
 
-def check(cfg: OptimConfig) -> None:
-    if not cfg._target_ and cfg.name not in REGISTRY:
+def users(groups: List[Dict], cfg: UserOptimConfig) -> torch.optim.Optimizer:
+    """A user's optimizer file: `_target_` with its own arguments as written (weight_decay, if given, is in the
+    groups already: matrices only)."""
+    make = user_object("optim._target_", cfg.target)
+    kwargs = {k: v for k, v in cfg.args.items() if k != "weight_decay"}
+    try:
+        return make(groups, lr=cfg.lr, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"optim={cfg.name}: {cfg.target}(lr={cfg.lr}, **{kwargs}) failed: {e}") from None
+
+
+def check(cfg) -> None:
+    if isinstance(cfg, OptimConfig) and not cfg._target_ and cfg.name not in REGISTRY:
         raise ConfigError(f"optim.name={cfg.name}: not a valid choice; valid choices: {', '.join(REGISTRY)} (or "
-                          "optim._target_=your.Optimizer)")
+                          "a file of your own, DIR/optim/NAME.yaml with `_target_`)")
 
 
-def build(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+def build(params: Iterable[torch.nn.Parameter], cfg) -> torch.optim.Optimizer:
     check(cfg)
+    if isinstance(cfg, UserOptimConfig):
+        return users(param_groups(params, cfg.weight_decay), cfg)
     make = target if cfg._target_ else REGISTRY[cfg.name]
     return make(param_groups(params, cfg.weight_decay), cfg)
+
+
+def describe(optimizer: torch.optim.Optimizer) -> Dict[str, object]:
+    """summary.json's `optimizer`: the class that was built and its hyperparameters as the built optimizer holds
+    them (its defaults: lr, betas, eps, weight_decay, alpha, momentum ...), and each group's weight decay."""
+    def plain(v):
+        return isinstance(v, (bool, int, float, str)) or (isinstance(v, tuple) and all(isinstance(x, (int, float))
+                                                                                     for x in v))
+    cls = type(optimizer)
+    return {"class": f"{cls.__module__}.{cls.__qualname__}",
+            "hyperparameters": {k: list(v) if isinstance(v, tuple) else v
+                                for k, v in optimizer.defaults.items() if plain(v) and v is not None},
+            "group_weight_decay": [g.get("weight_decay") for g in optimizer.param_groups]}
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:

@@ -15,14 +15,16 @@ from ablate.config.groups import (
     MetricsConfig,
     ModelConfig,
     NcclConfig,
-    OptimConfig,
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,
 )
 from ablate.config.models import MODEL_SCHEMAS, HFModelConfig, UserModelConfig
+from ablate.config.optims import OPTIM_SCHEMAS, OptimConfig, UserOptimConfig
+
+SCHEMA_FILES = {**MODEL_SCHEMAS, **OPTIM_SCHEMAS}   # what conf/ files start from: in a group's listing, not choices
 
 __all__ = ["EXIT_USAGE", "AblateError", "ConfigError", "RunFailed", "RunStopped", "exit_code_of", "AblateConfig",
            "AllocatorConfig", "DataConfig", "DataloaderConfig", "HFModelConfig", "LauncherConfig", "LoggerConfig",
-           "MODEL_SCHEMAS", "MetricsConfig", "ModelConfig", "NcclConfig", "OptimConfig", "ParallelConfig",
-           "PrecisionConfig", "TrainConfig", "UserModelConfig"]
+           "MODEL_SCHEMAS", "MetricsConfig", "ModelConfig", "NcclConfig", "OPTIM_SCHEMAS", "OptimConfig",
+           "ParallelConfig", "PrecisionConfig", "SCHEMA_FILES", "TrainConfig", "UserModelConfig", "UserOptimConfig"]

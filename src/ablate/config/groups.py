@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
 from ablate.config.models import ModelConfig, model_from_node
+from ablate.config.optims import OptimConfig, optim_from_node
 from ablate.config.sweep import check_sweep
 
 
@@ -48,31 +49,6 @@ class TrainConfig:
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
         if self.resume is not None and not os.path.exists(self.resume):
             raise ConfigError(f"train.resume={self.resume}: no such file or run directory")
-
-
-# optim.schedule: the learning rate as a function of the step (optim.py)
-SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")
-
-
-@dataclass
-class OptimConfig:
-    """The optimizer and its learning-rate schedule. `name` picks adamw or sgd, or a user's `_target_` (an
-    optimizer class called with the parameter groups, `lr` and `args`)."""
-    name: str = "adamw"
-    _target_: Optional[str] = None
-    lr: float = num(3e-3, 0, low_open=True)
-    weight_decay: float = num(0.1, 0)                 # matrices only; norms, biases and embeddings' 1-D: 0
-    beta1: float = num(0.9, 0, 1, high_open=True)     # AdamW betas (Llama / nanoGPT values)
-    beta2: float = num(0.95, 0, 1, high_open=True)
-    momentum: float = num(0.9, 0, 1, high_open=True)  # sgd
-    schedule: str = "constant"
-    warmup_steps: int = num(0, 0)                     # linear warm-up from lr / warmup_steps to lr
-    min_lr_ratio: float = num(0.1, 0, 1)              # the decay's floor, as a share of lr
-    args: Dict[str, Any] = field(default_factory=dict)   # more keyword arguments for a `_target_` optimizer
-
-    def __post_init__(self):
-        check_ranges(self, "optim")
-        choice("optim.schedule", self.schedule, SCHEDULES)
 
 
 # data.dtype: how a token file stores its ids
@@ -261,7 +237,9 @@ class AblateConfig:
     # file is a free-form node made a UserModelConfig here
     model: Any = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    # Any: adamw and sgd are typed by their files' schema (`base_optim`); a user's own optimizer file is a free-form
+    # node made a UserOptimConfig here
+    optim: Any = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -278,6 +256,8 @@ class AblateConfig:
     def __post_init__(self):
         if isinstance(self.model, dict):
             self.model = model_from_node(self.model)
+        if isinstance(self.optim, dict):
+            self.optim = optim_from_node(self.optim)
         check_sweep(self.sweep)   # a sweeps/ file's node: refused before any of its runs trains
         t, world = self.train, self.launcher.world_size
         if t.global_batch_size is not None:   # over the data-parallel ranks: a tensor-parallel group shares a batch

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ablate.config.errors import ConfigError
 from ablate.config.groups import AblateConfig
 from ablate.config.models import MODEL_SCHEMAS
+from ablate.config.optims import OPTIM_SCHEMAS
 
 
 def register() -> None:
@@ -22,9 +23,11 @@ def register() -> None:
     store = ConfigStore.instance()
     schema = OmegaConf.structured(AblateConfig)
     schema.model = {}
+    schema.optim = {}
     store.store(name="ablate_schema", node=schema)
-    for name, node in MODEL_SCHEMAS.items():
-        store.store(group="model", name=name, node=node)
+    for group, schemas in (("model", MODEL_SCHEMAS), ("optim", OPTIM_SCHEMAS)):
+        for name, node in schemas.items():
+            store.store(group=group, name=name, node=node)
     OmegaConf.register_new_resolver("ablate_dirname", short_dirname, replace=True)
 
 
@@ -44,7 +47,7 @@ FREE_FORM = {"sweep", "nccl.env", "launcher.additional_parameters", "optim.args"
 
 
 def is_users_model(node) -> bool:
-    """A model node no schema of ours types: a user's model file (`_target_` + its arguments)."""
+    """A model or optim node no schema of ours types: a user's own file (`_target_` + its arguments)."""
     return isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict
 
 
@@ -55,7 +58,7 @@ def unknown_keys(node, schema, prefix: str = "") -> List[Tuple[str, type]]:
     out = []
     for key in node.keys():
         path = f"{prefix}{key}"
-        if path in FREE_FORM or (path == "model" and is_users_model(node[key])):
+        if path in FREE_FORM or (path in ("model", "optim") and is_users_model(node[key])):
             continue
         if str(key) not in declared:
             out.append((path, schema))
@@ -86,7 +89,7 @@ def typed(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> Ablat
         plain = cfg.copy()
         with open_dict(plain):
             plain.pop("hydra")
-    for group in LABELLED_BY_CHOICE:
+    for group in LABELLED_BY_CHOICE + (("optim",) if is_users_model(plain.get("optim")) else ()):
         if (choices or {}).get(group):
             with open_dict(plain[group]):
                 plain[group].name = choices[group]

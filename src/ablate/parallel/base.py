@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 
 from ablate import optim
-from ablate.config import OptimConfig, TrainConfig
+from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
 from ablate.metrics.comm import CollectiveCounter, paused
 from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.precision import Precision
@@ -92,7 +92,8 @@ class Strategy(ABC):
 
     Attributes every strategy sets: `model` (called as model(x, y) -> loss), `comm` (its measured
     data-parallel communication), `measured_state` (state bytes at the last step), `numerics` (what it
-    stores, computes and reduces in: summary.json's `numerics`)."""
+    stores, computes and reduces in: summary.json's `numerics`), `optimizer_record` (the optimizer it built:
+    summary.json's `optimizer`, optim.describe)."""
 
     model: torch.nn.Module
     comm: CommCounter
@@ -163,10 +164,16 @@ class Strategy(ABC):
                 dist.all_reduce(flags, op=dist.ReduceOp.MIN)
         return bool(flags[0].item()), bool(flags[1].item())
 
-    def apply_hyperparameters(self, cfg: OptimConfig) -> None:
-        """After a resume: the run's lr, betas and weight decay, not the checkpoint's."""
+    def apply_hyperparameters(self, cfg) -> None:
+        """After a resume: the run's lr, betas and weight decay (a user's optimizer: its file's arguments), not the
+        checkpoint's."""
         for group in self.optimizer_param_groups:
             group["lr"] = cfg.lr
+            if isinstance(cfg, UserOptimConfig):
+                for key, value in cfg.args.items():
+                    if key in group and (key != "weight_decay" or group[key]):   # undecayed groups stay at 0
+                        group[key] = tuple(value) if isinstance(value, list) else value
+                continue
             if "betas" in group:
                 group["betas"] = (cfg.beta1, cfg.beta2)
             if group.get("weight_decay"):   # the decayed group (matrices); norms and biases stay at 0
@@ -201,6 +208,7 @@ class TorchStrategy(Strategy):
         self.model, self.train, self.precision, self.device = model, train, precision, device
         self.layout, self.mesh = layout, mesh
         self.optimizer = optim.build(model.parameters(), optim_cfg)
+        self.optimizer_record = optim.describe(self.optimizer)
         self.scaler = precision.grad_scaler()
         self.comm = CommCounter()
         self.counter = CollectiveCounter(self.comm, group_names(mesh), world_dim(layout)).install() \

@@ -118,6 +118,7 @@ class Zero(Strategy):
         self.config = ds_config(parallel, train, precision, layout.dp)
         self.scaled = precision.spec.loss_scaling
         optimizer = optim.build(model.parameters(), optim_cfg)
+        self.optimizer_record = optim.describe(optimizer)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                 config=self.config)
         self.measured_state: Dict[str, int] = {}

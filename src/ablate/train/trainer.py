@@ -179,7 +179,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
                 "resumed_from_step": start_step,
                 "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
-                **facts, "numerics": strategy.numerics, "mesh": layout.record(),
+                **facts, "numerics": strategy.numerics, "mesh": layout.record(), "optimizer": strategy.optimizer_record,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
