@@ -190,3 +190,27 @@ def test_an_out_of_range_number_is_refused_in_one_line(key, field, kind):
     message = str(refused.value)
     assert message.startswith(f"{key}=") and f"out of range; allowed: {rng}" in message, message
     assert "\n" not in message
+
+
+def test_every_key_of_the_default_config_is_documented():
+    """docs/config.md is what config/reference.py makes of the structured configs, and holds every leaf key of
+    `python -m ablate --cfg job` with a meaning (in process, < 1 s)."""
+    from omegaconf import OmegaConf
+
+    from ablate.config import reference
+    from conftest import REPO
+
+    doc = (REPO / "docs" / "config.md").read_text()
+    assert doc == reference.render(), "docs/config.md is stale: python -m ablate.config.reference > docs/config.md"
+
+    def leaves(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                yield from leaves(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[4].strip() for line in doc.splitlines()
+            if line.startswith("| `")}
+    for key in leaves(OmegaConf.to_container(compose_cfg())):
+        assert rows.get(key), f"{key}: not in docs/config.md, or without a meaning"

@@ -26,13 +26,13 @@ class TrainConfig:
     batch_size: int = num(8, 1)            # per rank and micro-step (derived when global_batch_size is set)
     # sequences per optimizer step over all ranks (batch_size is then derived)
     global_batch_size: Optional[int] = num(None, 1, null="batch_size per rank")
-    seq_len: int = num(64, 1)
+    seq_len: int = num(64, 1)   # tokens per sequence (the longest, with seq_len_min)
     # set: each batch's length is drawn from [seq_len_min, seq_len]
     seq_len_min: Optional[int] = num(None, 1, null="every batch train.seq_len long")
     grad_accum: int = num(1, 1)            # micro-steps per optimizer step
     max_grad_norm: float = num(1.0, 0)     # 0 disables clipping (the norm is still measured)
-    log_every: int = num(5, 1)
-    seed: int = num(0, 0)
+    log_every: int = num(5, 1)   # steps between logged rows (metrics.jsonl, W&B)
+    seed: int = num(0, 0)   # weights and data order (batch i = f(seed, i))
     compile: bool = False          # torch.compile the model
     device: str = "auto"           # auto | cpu | cuda
     resume: Optional[str] = None   # a checkpoint file or run directory to continue
@@ -59,7 +59,7 @@ TOKEN_DTYPES = ("uint16", "uint32")
 class DataConfig:
     """Where the tokens come from (`dataloader` is how they reach the device): synthetic (made in process),
     tokens (a flat binary file of token ids, memory-mapped), hf (a tokenized `datasets` folder)."""
-    name: str = "synthetic"
+    name: str = "synthetic"   # synthetic | tokens | hf
     path: Optional[str] = None         # tokens: the .bin file; hf: the folder datasets.save_to_disk wrote
     dtype: str = "uint16"              # tokens: uint16 | uint32 (an llm.c header, when present, says which)
     column: str = "input_ids"          # hf: the column of token ids
@@ -76,10 +76,11 @@ class DataConfig:
 @dataclass
 class PrecisionConfig:
     """Numeric format of the forward/backward. fp16 adds a dynamic GradScaler."""
-    name: str = "fp32"
+    name: str = "fp32"   # fp32 | bf16 | fp16 | fp8
     init_scale: float = num(65536.0, 0, low_open=True)    # GradScaler (fp16 only)
-    growth_interval: int = num(2000, 1)
-    growth_factor: float = num(2.0, 1, low_open=True)
+    growth_interval: int = num(2000, 1)   # GradScaler: steps without overflow before the scale grows
+    growth_factor: float = num(2.0, 1, low_open=True)   # GradScaler: how much the scale grows
+    # GradScaler: how much it shrinks on an overflow
     backoff_factor: float = num(0.5, 0, 1, low_open=True, high_open=True)
     fp8_recipe: str = "tensorwise"  # torchao Float8LinearConfig recipe (E4M3 forward, E5M2 gradients)
 
@@ -92,7 +93,7 @@ class ParallelConfig:
     """The layout of the ranks (docs/layouts.md): the data-parallel strategy (`name`), the tensor-parallel degree
     (`tp`) and, for hsdp, the shard group (`shard_size`); decoded once into a device mesh (parallel/mesh.py).
     DeepSpeed fields apply to zero1/2/3 only."""
-    name: str = "none"
+    name: str = "none"   # none | ddp | ddp_sync | fsdp2 | hsdp | zero1 | zero2 | zero3
     tp: int = num(1, 1)                  # tensor-parallel degree: ranks that split each layer (the mesh's inner dim)
     # hsdp: data-parallel ranks in one shard group (sharded within, replicated across); null: one node's
     # ranks, launcher.nproc_per_node / tp
@@ -101,12 +102,13 @@ class ParallelConfig:
     bucket_cap_mb: Optional[float] = num(None, 0, low_open=True, null="torch's 25 MB")   # ddp: gradient bucket size
     reshard_after_forward: bool = True   # fsdp2
     overlap_comm: bool = True            # deepspeed: overlap reduction with backward
-    contiguous_gradients: bool = True
-    reduce_bucket_size: int = num(50_000_000, 1)
-    allgather_bucket_size: int = num(50_000_000, 1)
-    stage3_prefetch_bucket_size: int = num(50_000_000, 0)
+    contiguous_gradients: bool = True   # deepspeed: gradients copied into one buffer
+    reduce_bucket_size: int = num(50_000_000, 1)   # deepspeed: elements per gradient reduction
+    allgather_bucket_size: int = num(50_000_000, 1)   # deepspeed: elements per parameter all-gather
+    stage3_prefetch_bucket_size: int = num(50_000_000, 0)   # zero3: elements prefetched ahead of use
+    # zero3: parameters smaller than this stay whole on every rank
     stage3_param_persistence_threshold: int = num(100_000, 0)
-    offload_optimizer: bool = False
+    offload_optimizer: bool = False   # deepspeed: optimizer state in CPU memory
 
     def __post_init__(self):
         check_ranges(self, "parallel")
@@ -115,11 +117,12 @@ class ParallelConfig:
 @dataclass
 class AllocatorConfig:
     """CUDA caching-allocator settings, written to PYTORCH_ALLOC_CONF before CUDA starts."""
-    name: str = "default"
-    expandable_segments: bool = False
+    name: str = "default"   # default | expandable
+    expandable_segments: bool = False   # PYTORCH_ALLOC_CONF expandable_segments:True (week-4 C5)
     # torch's own limits (c10/core/AllocatorConfig.cpp): max_split_size_mb > 20 (kLargeBuffer, 20 MiB),
     # 0 < garbage_collection_threshold < 1
     max_split_size_mb: Optional[int] = num(None, 20, low_open=True, null="no limit")
+    # free cached blocks above this share of memory
     garbage_collection_threshold: Optional[float] = num(None, 0, 1, low_open=True, high_open=True, null="off")
     extra: str = ""                      # appended verbatim, e.g. "roundup_power2_divisions:4"
 
@@ -130,12 +133,12 @@ class AllocatorConfig:
 @dataclass
 class DataloaderConfig:
     """How batches reach the device."""
-    name: str = "naive"
-    num_workers: int = num(0, 0)
-    pin_memory: bool = False
-    non_blocking: bool = False
-    prefetch_factor: Optional[int] = num(None, 1, null="torch's default")
-    persistent_workers: bool = False
+    name: str = "naive"   # naive | pinned
+    num_workers: int = num(0, 0)   # loader processes (0: in the training process)
+    pin_memory: bool = False   # page-locked host batches (CUDA)
+    non_blocking: bool = False   # asynchronous host-to-device copies
+    prefetch_factor: Optional[int] = num(None, 1, null="torch's default")   # batches each worker keeps ready
+    persistent_workers: bool = False   # workers outlive an epoch
     cuda_prefetch: bool = False          # copy batch k+1 on a side stream while step k computes
     read_latency_ms: float = num(0.0, 0)         # simulated storage latency per batch
 
@@ -148,8 +151,8 @@ class DataloaderConfig:
 @dataclass
 class NcclConfig:
     """NCCL/CUDA environment, applied before any process group exists. Empty values set nothing."""
-    name: str = "default"
-    env: Dict[str, str] = field(default_factory=dict)
+    name: str = "default"   # default | tuned
+    env: Dict[str, str] = field(default_factory=dict)   # variables set before any process group (NCCL_*, CUDA_*)
     # 0-3 as TORCH_NCCL_ASYNC_ERROR_HANDLING reads it (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp)
     async_error_handling: Optional[int] = num(None, 0, 3, null="torch's default")   # under the name torch reads
 
@@ -160,13 +163,13 @@ class NcclConfig:
 @dataclass
 class LoggerConfig:
     """Where figures go besides metrics.jsonl/summary.json."""
-    name: str = "wandb"
-    project: str = "ablate"
-    entity: Optional[str] = None
+    name: str = "wandb"   # wandb | none
+    project: str = "ablate"   # W&B project
+    entity: Optional[str] = None   # W&B entity (team or user); null: the default
     mode: str = "auto"                   # auto: online with credentials, else offline
     group: Optional[str] = None          # W&B group (a sweep's name)
     job_type: Optional[str] = None       # W&B job_type (a week-4 claim)
-    tags: List[str] = field(default_factory=list)
+    tags: List[str] = field(default_factory=list)   # W&B tags
     init_timeout_s: float = num(15.0, 0, low_open=True)   # online W&B that does not answer by then: log offline
 
     def __post_init__(self):
@@ -177,22 +180,22 @@ class LoggerConfig:
 @dataclass
 class LauncherConfig:
     """Where the ranks run: local processes, or a Slurm job through submitit."""
-    name: str = "local"
-    nproc_per_node: int = num(1, 1)
-    nodes: int = num(1, 1)
-    gpus_per_node: int = num(0, 0)
-    cpus_per_task: int = num(1, 1)
-    mem_gb: Optional[int] = num(None, 1, null="the partition's default")
-    timeout_min: int = num(60, 1)
-    signal_delay_s: int = num(90, 0)
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    setup: List[str] = field(default_factory=list)
-    wait: bool = True
-    dry_run: bool = False
+    name: str = "local"   # local | slurm
+    nproc_per_node: int = num(1, 1)   # ranks on each node
+    nodes: int = num(1, 1)   # nodes (Slurm)
+    gpus_per_node: int = num(0, 0)   # GPUs asked per node (Slurm)
+    cpus_per_task: int = num(1, 1)   # CPUs per rank (Slurm)
+    mem_gb: Optional[int] = num(None, 1, null="the partition's default")   # memory per node (Slurm)
+    timeout_min: int = num(60, 1)   # the job's time limit (Slurm)
+    signal_delay_s: int = num(90, 0)   # seconds before the limit that Slurm warns (checkpoint and requeue)
+    partition: Optional[str] = None   # Slurm partition
+    account: Optional[str] = None   # Slurm account
+    qos: Optional[str] = None   # Slurm QOS
+    constraint: Optional[str] = None   # Slurm node features
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)   # more sbatch options, as submitit takes them
+    setup: List[str] = field(default_factory=list)   # shell lines run before the ranks (module load, source venv)
+    wait: bool = True   # wait for the job and print its summary
+    dry_run: bool = False   # write the sbatch script, submit nothing
     max_restarts: int = num(3, 0)                # requeues after preemption/time limit
     folder: Optional[str] = None         # submitit folder; default: <run dir>/slurm
     check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
@@ -210,10 +213,11 @@ class LauncherConfig:
 @dataclass
 class MetricsConfig:
     """Measurement knobs (not a group: plain fields under `metrics`)."""
+    # the MFU denominator per device, given
     peak_tflops: Optional[float] = num(None, 0, low_open=True, null="the datasheet or measured peak")
     gemm_probe: bool = True              # measure this machine's matmul peak in the run's dtype
     gemm_probe_n: int = num(0, 0)                # 0: 8192 on CUDA, 1024 on CPU
-    nvml_interval_s: float = num(0.2, 0, low_open=True)
+    nvml_interval_s: float = num(0.2, 0, low_open=True)   # seconds between NVML utilisation samples
     # where the measured peak is cached per (host, hardware, dtype, threads, torch), so every run and sweep on
     # a host shares one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
     peak_cache: Optional[str] = None

@@ -14,17 +14,17 @@ from ablate.config.fields import check_ranges, choice, num
 class ModelConfig:
     """The built-in Llama-style decoder (`model=tiny|small|1b|8b|70b`, each file starting from `base_llama`).
     Sizes follow Meta's published Llama 3 configs (see conf/model/*.yaml)."""
-    name: str = "tiny"
+    name: str = "tiny"   # the size's label (recorded; the file sets it)
     dim: int = num(64, 1)                  # hidden size
-    n_layers: int = num(2, 1)
-    n_heads: int = num(4, 1)
+    n_layers: int = num(2, 1)   # transformer blocks
+    n_heads: int = num(4, 1)   # attention (query) heads
     n_kv_heads: int = num(2, 1)            # < n_heads: grouped-query attention
-    vocab_size: int = num(256, 1)
+    vocab_size: int = num(256, 1)   # vocabulary (embedding rows, logits)
     ffn_hidden: int = num(192, 1)          # SwiGLU inner size
     max_seq_len: int = num(256, 1)         # RoPE table length
-    norm_eps: float = num(1e-5, 0, low_open=True)
-    rope_theta: float = num(10000.0, 0, low_open=True)
-    tie_embeddings: bool = False
+    norm_eps: float = num(1e-5, 0, low_open=True)   # RMSNorm epsilon
+    rope_theta: float = num(10000.0, 0, low_open=True)   # RoPE base frequency
+    tie_embeddings: bool = False   # the LM head shares the embedding matrix
     activation_checkpointing: bool = False   # recompute each block's forward in backward (8N accounting)
     attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
 
@@ -40,10 +40,10 @@ class ModelConfig:
 class HFModelConfig:
     """`model=hf model.config=PATH/config.json`: a transformers causal LM built from its config, randomly
     initialised (nothing downloaded)."""
-    name: str = "hf"
+    name: str = "hf"   # recorded label
     config: Optional[str] = None           # a transformers config.json (or the folder holding one)
     blocks: Optional[str] = None           # attribute path of the repeated blocks; null: found by rule
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False   # recompute each block in backward (torch checkpoint per block)
 
     def __post_init__(self):
         if not self.config:
@@ -69,11 +69,11 @@ class UserModelConfig:
     `max_seq_len` and `vocab_size`, when given, are arguments that ablate reads too (the longest train.seq_len;
     the vocabulary of a module without a `vocab_size` attribute)."""
     target: str
-    name: str = "custom"
-    args: Dict[str, Any] = field(default_factory=dict)
-    blocks: Optional[str] = None
-    activation_checkpointing: bool = False
-    max_seq_len: Optional[int] = None
+    name: str = "custom"   # recorded label (the choice, e.g. model=mine)
+    args: Dict[str, Any] = field(default_factory=dict)   # every other key of the file: the constructor's arguments
+    blocks: Optional[str] = None   # attribute path of the repeated blocks; null: found by rule
+    activation_checkpointing: bool = False   # recompute each block in backward (torch checkpoint per block)
+    max_seq_len: Optional[int] = None   # an argument ablate reads too: the longest train.seq_len
     # parallel.tp > 1: {module path pattern: colwise | rowwise}, as torch's parallelize_module takes it
     # (docs/layouts.md); without one, tensor parallelism is refused for this model
     tp_plan: Optional[Dict[str, str]] = None

@@ -17,14 +17,14 @@ SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")
 class OptimConfig:
     """The optimizer and its learning-rate schedule. `name` picks adamw or sgd, or a `_target_` given on the command
     line (an optimizer class called with the parameter groups, `lr` and `args`)."""
-    name: str = "adamw"
-    _target_: Optional[str] = None
-    lr: float = num(3e-3, 0, low_open=True)
+    name: str = "adamw"   # adamw | sgd
+    _target_: Optional[str] = None   # an optimizer class given on the command line, instead of name
+    lr: float = num(3e-3, 0, low_open=True)   # peak learning rate (the schedule's)
     weight_decay: float = num(0.1, 0)                 # matrices only; norms, biases and embeddings' 1-D: 0
     beta1: float = num(0.9, 0, 1, high_open=True)     # AdamW betas (Llama / nanoGPT values)
-    beta2: float = num(0.95, 0, 1, high_open=True)
+    beta2: float = num(0.95, 0, 1, high_open=True)   # AdamW second-moment decay
     momentum: float = num(0.9, 0, 1, high_open=True)  # sgd
-    schedule: str = "constant"
+    schedule: str = "constant"   # constant | warmup_cosine | warmup_linear
     warmup_steps: int = num(0, 0)                     # linear warm-up from lr / warmup_steps to lr
     min_lr_ratio: float = num(0.1, 0, 1)              # the decay's floor, as a share of lr
     args: Dict[str, Any] = field(default_factory=dict)   # more keyword arguments for a `_target_` optimizer
@@ -45,12 +45,12 @@ class UserOptimConfig:
     the parameter groups and the file's other keys, as written. `weight_decay`, when given, decays matrices only
     (norms, biases: 0), as for adamw and sgd; when not, the optimizer's own default holds."""
     target: str
-    lr: float
-    name: str = "custom"
+    lr: float   # the optimizer's lr, scaled by ablate's schedule
+    name: str = "custom"   # recorded label (the choice, e.g. optim=rms)
     args: Dict[str, Any] = field(default_factory=dict)   # every argument but lr
-    schedule: str = "constant"
-    warmup_steps: int = num(0, 0)
-    min_lr_ratio: float = num(0.1, 0, 1)
+    schedule: str = "constant"   # constant | warmup_cosine | warmup_linear
+    warmup_steps: int = num(0, 0)   # linear warm-up from lr / warmup_steps to lr
+    min_lr_ratio: float = num(0.1, 0, 1)   # the decay's floor, as a share of lr
 
     def __post_init__(self):
         check_ranges(self, "optim")
