@@ -33,12 +33,16 @@ def local_slurm():
         slurm_cluster.stop()
 
 
-def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path, capsys):
-    result = cli_in_process(capsys, [*LOCAL_JOB, "launcher.wait=true", "train.steps=8", f"hydra.run.dir={tmp_path}"])
+def test_a_two_task_ddp_job_trains_and_its_summary_comes_back(tmp_path, capsys, user_files):
+    """With a user's config dir, model and optimizer (their module on PYTHONPATH, as on a cluster)."""
+    result = cli_in_process(capsys, ["--config-dir", str(user_files.config_dir), "model=positional", "optim=rms",
+                                     *LOCAL_JOB, "launcher.wait=true", "train.steps=8", f"hydra.run.dir={tmp_path}"],
+                            env=user_files.env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "submitted Slurm job" in result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["comm_calls_per_step"] == 1
+    assert summary["choices"]["model"] == "positional" and summary["optimizer"]["class"].endswith("RMSprop")
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] == 8
 
 

@@ -379,3 +379,29 @@ def test_your_optimizer_file_is_built_as_written_and_recorded_as_built(tmp_path,
     assert (tmp_path / "config.yaml").read_text().count("name: rms") == 1
     adamw = optim.describe(optim.build([torch.nn.Parameter(torch.zeros(2, 2))], OptimConfig()))
     assert adamw["class"] == "torch.optim.adamw.AdamW" and adamw["hyperparameters"]["betas"] == [0.9, 0.95]
+
+
+@pytest.mark.slow
+def test_your_config_dir_reaches_the_slurm_script_tune_and_maxbatch(tmp_path, monkeypatch, capsys, user_files):
+    """In process: the dry-run sbatch script composes with the user's config dir again (< 1 s); ablate.tune
+    (2 trials, ~10 s) and ablate.maxbatch (2 trials, ~8 s) take --config-dir and train the user's model."""
+    from ablate.maxbatch import main as maxbatch_main
+    from ablate.tune.__main__ import main as tune_main
+    from conftest import drive_in_process
+
+    conf = str(user_files.config_dir)
+    assert main_in_process(monkeypatch, ["--config-dir", conf, "model=mine", "parallel=fsdp2", "launcher=slurm",
+                                         "launcher.dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}"]) == 0
+    script = (tmp_path / "dry" / "sbatch.sh").read_text()
+    assert f"'hydra.searchpath=[file://{user_files.config_dir.resolve()}]' model=mine" in script, script
+    monkeypatch.setenv("PYTHONPATH", user_files.env["PYTHONPATH"])
+    short = ["logger=none", "train.steps=4", "train.warmup_steps=1", "metrics.gemm_probe_n=128"]
+    assert drive_in_process(tune_main, ["--config-dir", conf, "--space", "optim=adamw,rms", "--trials", "2", "--dir",
+                                        str(tmp_path / "tune"), "--", "model=mine", *short]) == 0
+    assert len(list((tmp_path / "tune").rglob("summary.json"))) == 2
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    drive_in_process(maxbatch_main, ["--config-dir", conf, "--mem-budget-gb", "1", "--limit", "16", "--multiple-of",
+                                     "8", "--", "model=positional", "logger=none"])
+    found = json.loads(next((tmp_path / "runs" / "maxbatch").rglob("summary.json")).read_text())
+    assert found["max_batch"] == 16, found

@@ -57,6 +57,17 @@ def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
     return overrides, config_dirs
 
 
+def config_dir_override(config_dirs: List[str]) -> List[str]:
+    """`--config-dir DIR ...` as the one override every run of a driver (tune, maxbatch, sweeps) takes: Hydra's
+    searchpath, with absolute paths (a run may start elsewhere)."""
+    if not config_dirs:
+        return []
+    missing = [d for d in config_dirs if not Path(d).is_dir()]
+    if missing:
+        raise ConfigError(f"--config-dir {missing[0]}: no such directory")
+    return [f"hydra.searchpath=[{','.join(f'file://{Path(d).resolve()}' for d in config_dirs)}]"]
+
+
 def _search_path(overrides: List[str], config_dirs: List[str]) -> List[str]:
     """--config-dir as a hydra.searchpath override, merged with one given on the command line."""
     given = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]

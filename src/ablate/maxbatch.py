@@ -138,6 +138,8 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=4096, help="largest batch tried (default 4096)")
     parser.add_argument("--multiple-of", type=int, default=1, help="search batches in these steps (default 1)")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per trial (default 4)")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", help="a config dir of your own "
+                        "(model/, optim/, ... files), for the workload and every trial")
     parser.add_argument("overrides", nargs="*", help="as for python -m ablate (after --)")
     args = parser.parse_args(argv)
     for key in ("limit", "multiple_of", "steps"):
@@ -153,6 +155,9 @@ def _parse(argv: List[str]) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
+        from ablate.compose import config_dir_override
+
+        args.overrides = [*config_dir_override(args.config_dir), *args.overrides]
         run(args)
     except AblateError as e:
         sys.exit(exit_code_of(e, "ablate.maxbatch"))

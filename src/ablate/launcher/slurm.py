@@ -114,10 +114,17 @@ def prepare(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str,
 
 
 def task_overrides() -> list:
-    """The command line's overrides of this run (Hydra's record of them)."""
+    """The command line's overrides of this run (Hydra's record of them), with the config dirs it searched
+    (`--config-dir`: Hydra keeps them as its own searchpath, which is not a task override): a job composing the
+    command again finds the user's files."""
     from hydra.core.hydra_config import HydraConfig
 
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if not HydraConfig.initialized():
+        return []
+    hydra = HydraConfig.get()
+    users = [p for p in hydra.searchpath if str(p).startswith("file://")]
+    searched = [f"hydra.searchpath=[{','.join(users)}]"] if users else []
+    return [*searched, *hydra.overrides.task]
 
 
 def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str],

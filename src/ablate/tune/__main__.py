@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 import yaml
 
 from ablate import units
+from ablate.compose import config_dir_override
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import wandb_view
@@ -46,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-budget-gb", type=float, help="prune what the planner says cannot fit, per rank")
     p.add_argument("--confirm", type=int, default=0, metavar="R", help="run the best two R more times each, "
                    "interleaved, and say whether the winner beats the runner-up")
+    p.add_argument("--config-dir", action="append", default=[], metavar="DIR", help="a config dir of your own "
+                   "(model/, optim/, ... files): its choices join every group, for every trial")
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trial-timeout", type=float, help="seconds per trial (a trial past it fails)")
@@ -284,7 +287,8 @@ def main(argv: List[str] = None) -> int:
     argv, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     raise_on_sigterm()   # SIGTERM, like Ctrl-C, reaches the trial in progress (launcher/group.py)
     try:
-        return run(parser().parse_args(argv), base)
+        args = parser().parse_args(argv)
+        return run(args, [*config_dir_override(args.config_dir), *base])
     except AblateError as e:
         return exit_code_of(e, "ablate.tune")
     except (KeyboardInterrupt, Interrupted) as e:
