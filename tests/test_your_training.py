@@ -3,6 +3,7 @@ a transformers model from its config, a token file, an optimizer and schedule, a
 one's own. The contract, FLOPs, schedule and data are checked in process with hand-checked numbers; each way
 in runs end to end once (costs noted per test)."""
 import json
+import os
 import shutil
 import sys
 
@@ -405,3 +406,44 @@ def test_your_config_dir_reaches_the_slurm_script_tune_and_maxbatch(tmp_path, mo
                                      "8", "--", "model=positional", "logger=none"])
     found = json.loads(next((tmp_path / "runs" / "maxbatch").rglob("summary.json")).read_text())
     assert found["max_batch"] == 16, found
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_in_place_from_anywhere_with_nothing_else_typed(tmp_path, user_files):
+    """A 400-step run of the user's model stopped by SIGTERM (exit 143), then `python -m ablate train.resume=DIR`
+    typed in another directory (two processes, ~20 s): the run's own config comes back from DIR/.hydra, it
+    finishes in DIR, every step logged once, nothing written where the command was typed; an override that would
+    change the run is refused in one line."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import AS_TYPED_IN_A_TERMINAL, COMMAND_ENV, REPO
+
+    run = tmp_path / "run"
+    env = {**os.environ, **COMMAND_ENV, **user_files.env}
+    first = subprocess.Popen([sys.executable, "-m", "ablate", "--config-dir", str(user_files.config_dir),
+                              "model=positional", "logger=none", "train.steps=400", "train.log_every=5",
+                              "dataloader.read_latency_ms=20", f"hydra.run.dir={run}"], cwd=REPO, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **AS_TYPED_IN_A_TERMINAL)
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() or len(read_jsonl(run / "metrics.jsonl")) < 4:
+        assert time.monotonic() < deadline and first.poll() is None, first.stderr.read() if first.poll() else ""
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=120) == 143
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    resumed = subprocess.run([sys.executable, "-m", "ablate", f"train.resume={run}"], cwd=elsewhere, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 400 and 0 < summary["resumed_from_step"] < 400
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(5, 401, 5))
+    assert list(elsewhere.iterdir()) == []
+    refused = subprocess.run([sys.executable, "-m", "ablate", f"train.resume={run}", "optim=sgd"], cwd=elsewhere,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"ablate: error: optim=sgd: train.resume={run} continues that run in place, as it was; optim would make it "
+        "another run. Valid beside it: train.steps, train.log_every, train.checkpoint_every, logger, launcher.wait; "
+        "or continue into a new run with hydra.run.dir=NEW"], refused.stderr

@@ -21,6 +21,7 @@ from ablate import CONF_DIR, compose, launcher
 from ablate.config import AblateConfig, AblateError, ConfigError, RunStopped, exit_code_of
 from ablate.config.store import group_choices, register
 from ablate.train import guards
+from ablate.train.in_place import in_place
 from ablate.train.ranks import rank_env
 
 register()
@@ -82,7 +83,11 @@ def _said(error: AblateError) -> int:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
+    try:
+        argv = in_place(sys.argv[1:])   # `train.resume=DIR` alone: that run's own command, in DIR (train/in_place.py)
+    except AblateError as e:
+        sys.exit(_said(e))
+    sys.argv[1:] = argv   # what hydra.main reads, should the command go there
     _EXISTED.update(Path(a.split("=", 1)[1].strip("'\"")).resolve() for a in argv
                     if a.startswith("hydra.run.dir=") and Path(a.split("=", 1)[1].strip("'\"")).exists())
     checked_by_parent = bool(os.environ.pop("ABLATE_PREFLIGHT_DONE", None))   # a sweep checked its whole grid
