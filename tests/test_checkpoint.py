@@ -47,7 +47,8 @@ def test_a_manifest_names_what_is_missing_cut_short_or_changed(tmp_path):
     (ckpt / "dcp" / "__0_0.distcp").write_bytes(b"rank zero")
     (ckpt / "dcp" / "__1_0.distcp").write_bytes(b"rank one!")
     assert manifest.problem(tmp_path / "nothing") == "nothing is incomplete (no manifest.json)"
-    assert manifest.problem(ckpt) is None                           # no manifest, but meta.pt: an older ablate
+    assert manifest.problem(ckpt) == "checkpoint cannot be verified (no manifest.json, and no copy of it in " \
+        "checkpoint_digests.json)"                                   # nothing vouches for its files: refused
     manifest.write(ckpt, step=6, world_size=2)
     listing = manifest.read(ckpt)
     assert (listing["step"], listing["world_size"], sorted(listing["files"])) == \
@@ -62,6 +63,10 @@ def test_a_manifest_names_what_is_missing_cut_short_or_changed(tmp_path):
     assert manifest.problem(ckpt, share=1, shares=2) == "checkpoint/dcp/__1_0.distcp has 4 bytes, 9 were written"
     (ckpt / "dcp" / "__1_0.distcp").unlink()
     assert manifest.problem(ckpt) == "checkpoint/dcp/__1_0.distcp is missing"
+    (ckpt / "manifest.json").unlink()   # its copy beside the checkpoints (the run dir) still verifies it
+    assert manifest.problem(ckpt) == "checkpoint/dcp/__1_0.distcp is missing"
+    (ckpt / "meta.pt").write_bytes(b"metb")   # another meta.pt: the copy is not this checkpoint's
+    assert manifest.problem(ckpt).startswith("checkpoint cannot be verified")
 
 
 def test_a_resume_on_more_ranks_lists_the_global_batch_it_changes():

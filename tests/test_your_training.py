@@ -445,5 +445,6 @@ def test_a_stopped_run_resumes_in_place_from_anywhere_with_nothing_else_typed(tm
                              env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"ablate: error: optim=sgd: train.resume={run} continues that run in place, as it was; optim would make it "
-        "another run. Valid beside it: train.steps, train.log_every, train.checkpoint_every, logger, launcher.wait; "
+        "another run. Valid beside it: train.steps, train.log_every, train.checkpoint_every, logger, metrics, "
+        "launcher.wait; "
         "or continue into a new run with hydra.run.dir=NEW"], refused.stderr

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
-from ablate import units
+from ablate import cli, units
 from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
 from ablate.launcher import group
 
@@ -131,14 +131,15 @@ class Trials:
 def _parse(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ablate.maxbatch", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mem-budget-gb", type=float, default=None,
+    parser.add_argument("--mem-budget-gb", type=cli.positive, default=None,
                         help="fit = measured peak within this budget (default: CUDA OOM decides; on a CPU, half "
                              "the memory available now)")
-    parser.add_argument("--start", type=int, default=None, help="first batch (default: --multiple-of)")
-    parser.add_argument("--limit", type=int, default=4096, help="largest batch tried (default 4096)")
-    parser.add_argument("--multiple-of", type=int, default=1, help="search batches in these steps (default 1)")
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per trial (default 4)")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", help="a config dir of your own "
+    parser.add_argument("--start", type=cli.count, default=None, help="first batch (default: --multiple-of)")
+    parser.add_argument("--limit", type=cli.count, default=4096, help="largest batch tried (default 4096)")
+    parser.add_argument("--multiple-of", type=cli.count, default=1, help="search batches in these steps (default 1)")
+    parser.add_argument("--steps", type=cli.count, default=4, help="optimizer steps per trial (default 4)")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
+                        help="a config dir of your own "
                         "(model/, optim/, ... files), for the workload and every trial")
     parser.add_argument("overrides", nargs="*", help="as for python -m ablate (after --)")
     args = parser.parse_args(argv)

@@ -16,11 +16,12 @@ GB here = 1e9 bytes, as in the article.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Dict, List
 
-from ablate import parallel, units
+from ablate import cli, parallel, units
 from ablate.config import AblateConfig
 from ablate.model.facts import measure
 from ablate.parallel.base import Breakdown
@@ -102,25 +103,30 @@ def render(p: Dict[str, object]) -> None:
           "row; communication buffers and the allocator's cache come on top of both.")
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ablate.plan", description=__doc__.split("\n\n", 1)[0],
+                                epilog="Overrides are those of `python -m ablate`, e.g.: python -m ablate.plan "
+                                "model=70b "
+                                "parallel=zero3 launcher=slurm precision=bf16",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="the plan as one JSON object (bytes per GPU)")
+    p.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
+                   help="a config dir of your own (model/, optim/, ... files)")
+    p.add_argument("overrides", nargs="*", help="as for python -m ablate")
+    return p
+
+
 def main(argv: List[str] = None) -> None:
     from ablate.compose import config_of, preflight
     from ablate.config import ConfigError, exit_code_of
 
-    argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv):
-        print("usage: python -m ablate.plan [--json] [--config-dir DIR] [OVERRIDES ...]\n\n" +
-              __doc__.split("\n\n", 1)[0] +
-              "\n\nOverrides are "
-              "those of `python -m ablate`, e.g.: python -m ablate.plan model=70b parallel=zero3 launcher=slurm "
-              "precision=bf16\n\n" + __doc__.split("\n\n", 1)[1])
-        return
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)   # an unknown flag: usage + one line, exit 2
+    argv = [*(f"--config-dir={d}" for d in args.config_dir), *args.overrides]
     try:
-        json_out = "--json" in argv
-        argv = [a for a in argv if a != "--json"]
         preflight(argv, hardware=False)   # a plan for any machine: nothing here must run it
         cfg = config_of(argv)[1]
         p = plan(cfg)
-        print(as_json(p)) if json_out else render(p)
+        print(as_json(p)) if args.json else render(p)
     except ConfigError as e:
         sys.exit(exit_code_of(e))
 

@@ -9,10 +9,9 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import List
 
-from ablate import baseline, units
+from ablate import baseline, cli, units
 from ablate.baseline import check as C
 from ablate.config import AblateError, ConfigError, exit_code_of
 
@@ -89,19 +88,20 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ablate.baseline", description=baseline.__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     save = sub.add_parser("save", help="keep a finished sweep's figures as a baseline")
-    save.add_argument("dir", type=Path)
-    save.add_argument("--name", required=True)
+    save.add_argument("dir", type=cli.in_dir)
+    save.add_argument("--name", required=True, type=cli.file_name)
     check = sub.add_parser("check", help="today's sweep against a baseline: exit 1 on a regression")
-    check.add_argument("dir", type=Path)
-    check.add_argument("--against", required=True, metavar="NAME")
+    check.add_argument("dir", type=cli.in_dir)
+    check.add_argument("--against", required=True, metavar="NAME", type=cli.file_name)
     check.add_argument("--threshold", default="5%", help="the change that matters (default 5%%)")
     check.add_argument("--metrics", nargs="+", default=[], help="the figures to compare (default: all)")
     check.add_argument("--allow-other-hardware", action="store_true")
     sub.add_parser("list", help="the baselines in the store")
     show = sub.add_parser("show", help="one baseline: where it came from and its arms")
-    show.add_argument("name")
+    show.add_argument("name", type=cli.file_name)
     for each in (save, check, show, sub.choices["list"]):
-        each.add_argument("--store", help="the baselines' folder (default: the user cache; a shared folder for a team)")
+        each.add_argument("--store", type=cli.out_dir,
+                          help="the baselines' folder (default: the user cache; a shared folder for a team)")
     return p
 
 

@@ -67,6 +67,9 @@ def _read() -> Dict[str, Dict]:
         entries = json.loads(path.read_text())
         if not (isinstance(entries, dict) and all(isinstance(v, dict) for v in entries.values())):
             raise ValueError("not a mapping of host|workload to floors")
+        bad = next((k for k, v in entries.items() if not well_typed(v)), None)
+        if bad is not None:
+            raise ValueError(f"the entry {bad!r} has a field of the wrong type")
     except (OSError, ValueError) as e:
         aside = path.with_name(path.name + ".damaged")
         try:
@@ -77,6 +80,15 @@ def _read() -> Dict[str, Dict]:
               + (f"; set aside as {aside}" if aside else ""), file=sys.stderr)
         return {}
     return entries
+
+
+# an entry's fields and their types, as floor() writes them
+FIELDS = {"half_width": (int, float), "ci_low": (int, float), "ci_high": (int, float), "n": int, "hardware": str,
+          "host": str, "workload": str, "measured": str}
+
+
+def well_typed(entry: Dict) -> bool:
+    return all(isinstance(entry.get(k), t) and not isinstance(entry.get(k), bool) for k, t in FIELDS.items())
 
 
 def cached() -> Dict[str, Dict]:

@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 
 import yaml
 
-from ablate import report
+from ablate import cli, report
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import compare, sequential
@@ -85,27 +85,27 @@ def _main(argv: List[str] = None) -> int:
                                      epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
     parser.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
     parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
                         help="a config dir of your own: DIR/sweeps/NAME.yaml are sweeps, DIR/<group>/ choices of "
                              "every run (as python -m ablate --config-dir)")
     parser.add_argument("--repeats", default="1", help="runs per arm (default 1: no interval), or auto: add "
                         "repeats until every verdict is decided (report/sequential.py)")
-    parser.add_argument("--min-repeats", type=int, default=2, help="with --repeats auto: the first look")
-    parser.add_argument("--max-repeats", type=int, default=5, help="with --repeats auto: the last look")
-    parser.add_argument("--dir", type=Path, help="output folder (default multirun/<names>_<time>)")
+    parser.add_argument("--min-repeats", type=cli.count, default=2, help="with --repeats auto: the first look")
+    parser.add_argument("--max-repeats", type=cli.count, default=5, help="with --repeats auto: the last look")
+    parser.add_argument("--dir", type=cli.out_dir, help="output folder (default multirun/<names>_<time>)")
     parser.add_argument("--order", choices=("interleaved", "random"), default=None,
                         help="interleaved (A B, A B, ...: the default) or random blocks (the default of a factorial "
                              "design: each repeat a block in its own random order)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of --order random")
-    parser.add_argument("--run-timeout", type=float, help="seconds per run (and per batch search); a run past "
+    parser.add_argument("--seed", type=cli.count0, default=0, help="seed of --order random")
+    parser.add_argument("--run-timeout", type=cli.positive, help="seconds per run (and per batch search); a run past "
                         "it is killed and named, the sweep goes on")
-    parser.add_argument("--until", type=float, help="a Unix time: runs that would start after it are not run "
+    parser.add_argument("--until", type=cli.positive, help="a Unix time: runs that would start after it are not run "
                         "(and named); a run's timeout never passes it")
     parser.add_argument("--batch-search", action="append", default=[], metavar="KEY=VALUE",
                         help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
     parser.add_argument("--repeat-side-arms", action="store_true",
                         help="repeat arms that are neither baseline nor treatment too (default: once)")
-    parser.add_argument("--wait-quiet", type=float, metavar="SECONDS", help="before each run, wait at most this "
+    parser.add_argument("--wait-quiet", type=cli.positive, metavar="SECONDS", help="before each run, wait at most this "
                         "long for the host's CPU to be under 25%% busy (other processes skew timings; each run "
                         "records host_load either way)")
     parser.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
@@ -140,7 +140,7 @@ def _main(argv: List[str] = None) -> int:
         return allocation.submit(root, driver_command(args, root, extra), configs, wait=not args.no_wait)
     if allocation.allocates(configs) and allocation.inside():
         steps = allocation.Steps(configs)
-    hold(root)
+    guards.hold(root, "ablate.sweeps", "sweep")
     if args.measure_peak:
         from ablate.metrics.peak import forget_this_host
 
@@ -159,16 +159,6 @@ def _main(argv: List[str] = None) -> int:
         print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
               file=sys.stderr)
     return allocation.finish(root, 1 if failed else code)
-
-
-def hold(root: Path) -> None:
-    """This call runs the sweep in `root`: a second call into it is refused while this one lives (the lock
-    goes with the process), so no run is started twice or reported as another's."""
-    try:
-        guards.lock(root)
-    except ConfigError:
-        raise ConfigError(f"--dir {root}: another ablate.sweeps call is running this sweep; wait for it, or run "
-                          "this command again when it has ended (it continues what is left)") from None
 
 
 def driver_command(args, root: Path, extra: List[str]) -> List[str]:

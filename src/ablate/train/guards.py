@@ -101,6 +101,16 @@ def lock(run_dir: Path, made_here: Optional[bool] = None) -> None:
         _CLAIMED.add(run_dir.resolve())
 
 
+def hold(root: Path, who: str, what: str) -> None:
+    """A driver (ablate.sweeps, ablate.tune) runs its work in `root`: a second call into it is refused while this
+    one lives (the lock goes with the process), so nothing is run twice or reported as another's."""
+    try:
+        lock(root)
+    except ConfigError:
+        raise ConfigError(f"--dir {root}: another {who} call is running this {what}; wait for it, or run this "
+                          "command again when it has ended (it continues what is left)") from None
+
+
 def claimed(run_dir: Path) -> bool:
     """This process made this directory when it claimed it (a refusal may remove it; nothing else may)."""
     return run_dir.resolve() in _CLAIMED

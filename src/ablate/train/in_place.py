@@ -4,7 +4,8 @@ searched), so the run's own config, model and data come back from any directory;
 DIR/metrics.jsonl and nothing is written where the command is typed.
 
 Typed beside it: what only extends or watches the run (more `train.steps`, how often it logs or checkpoints, the
-logger); anything else would make it another run, refused in one line (give `hydra.run.dir=NEW` to continue into
+logger, what is measured), or the run's own values again; anything else would make it another run, refused in one
+line (give `hydra.run.dir=NEW` to continue into
 a new run with other values: the checkpoint then says what may change, train/resumable.py). `train.resume` naming
 a checkpoint file, or a folder Hydra did not write, and any command with `hydra.run.dir` keep their meaning.
 """
@@ -18,7 +19,7 @@ import yaml
 from ablate.config import ConfigError
 
 # keys a resume in place may take besides train.resume: they extend or watch the run, not change what it trains
-BESIDE = ("train.steps", "train.log_every", "train.checkpoint_every", "logger", "launcher.wait")
+BESIDE = ("train.steps", "train.log_every", "train.checkpoint_every", "logger", "metrics", "launcher.wait")
 
 
 def resumed_dir(argv: List[str]) -> Optional[Path]:
@@ -48,11 +49,12 @@ def in_place(argv: List[str]) -> List[str]:
     run_dir = resumed_dir(argv)
     if run_dir is None:
         return argv
+    saved = saved_command(run_dir)
     beside = [a for a in argv if not a.startswith("train.resume=")]
     for arg in beside:
         key = arg.lstrip("+~").split("=", 1)[0]
-        if not key.startswith(BESIDE):
+        if not key.startswith(BESIDE) and arg not in saved:   # (the run's own value typed again changes nothing)
             raise ConfigError(f"{arg}: train.resume={run_dir} continues that run in place, as it was; {key} would "
                               f"make it another run. Valid beside it: {', '.join(BESIDE)}; or continue into a new "
                               "run with hydra.run.dir=NEW")
-    return [*saved_command(run_dir), *beside, f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"]
+    return [*saved, *beside, f"train.resume={run_dir}", f"hydra.run.dir={run_dir}"]

@@ -23,12 +23,13 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from ablate import units
+from ablate import cli, units
 from ablate.compose import config_dir_override
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import wandb_view
 from ablate.sweeps import allocation
+from ablate.train import guards
 from ablate.tune import Trial, best_two, direction, grid_size, pareto, parse_space, prune_reason, run_trial
 from ablate.tune.slurm import Steps, driver_command, trial_configs
 
@@ -42,16 +43,17 @@ def parser() -> argparse.ArgumentParser:
                    "train.batch_size=8,16 --space precision=fp32,bf16)")
     p.add_argument("--objective", default="tokens_per_s", help="a summary.json figure (default tokens_per_s; "
                    "step times and memory are minimised, the rest maximised)")
-    p.add_argument("--trials", type=int, default=12, help="distinct points to measure, pruned ones included; "
+    p.add_argument("--trials", type=cli.count, default=12, help="distinct points to measure, pruned ones included; "
                    "a point the sampler asks for again reuses its figures (default 12)")
-    p.add_argument("--mem-budget-gb", type=float, help="prune what the planner says cannot fit, per rank")
-    p.add_argument("--confirm", type=int, default=0, metavar="R", help="run the best two R more times each, "
+    p.add_argument("--mem-budget-gb", type=cli.positive, help="prune what the planner says cannot fit, per rank")
+    p.add_argument("--confirm", type=cli.count0, default=0, metavar="R", help="run the best two R more times each, "
                    "interleaved, and say whether the winner beats the runner-up")
-    p.add_argument("--config-dir", action="append", default=[], metavar="DIR", help="a config dir of your own "
+    p.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
+                   help="a config dir of your own "
                    "(model/, optim/, ... files): its choices join every group, for every trial")
-    p.add_argument("--dir", type=Path, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trial-timeout", type=float, help="seconds per trial (a trial past it fails)")
+    p.add_argument("--dir", type=cli.out_dir, required=True)
+    p.add_argument("--seed", type=cli.count0, default=0)
+    p.add_argument("--trial-timeout", type=cli.positive, help="seconds per trial (a trial past it fails)")
     p.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the tune's one allocation "
                    "and return (default: follow it here until its report is written)")
     return p
@@ -242,6 +244,8 @@ def run(args, base: List[str]) -> int:
     if not any(o.startswith("logger.group=") for o in base):   # one W&B group for the trials of this tune
         base = [*base, f"logger.group='tune-{args.dir.resolve().name}'"]
     configs = trial_configs(space, base)   # every point composed with the fixed overrides: one line if one cannot
+    if not (allocation.allocates(configs) and not allocation.inside()):   # this call runs the trials: it owns
+        guards.hold(args.dir, "ablate.tune", "tune")                       # --dir before the study is opened
     args.dir.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{args.dir.resolve() / 'optuna.db'}",
                                 load_if_exists=True, direction=direction(args.objective),
