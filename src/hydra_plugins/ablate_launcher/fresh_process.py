@@ -4,7 +4,9 @@ PyTorch reads the allocator settings once per process, and the allocator/NCCL gr
 environment variables: jobs run one after another in one process (Hydra's basic launcher) would carry the
 first job's allocator, CUDA cache and environment into the next. Here each job is `python -m ablate
 <its overrides> hydra.mode=RUN hydra.run.dir=<its sweep subdir>`, so every arm starts clean. The parent
-validated the whole grid first; the first failing job stops the sweep with its own one-line error.
+validated the whole grid first; the first failing job stops the sweep with its own one-line error. The same
+command again finishes an interrupted grid: a job that finished is kept, one that was stopped continues from its
+checkpoint (train.resume), the others run.
 With launcher=slurm each job only prepares its run dir and what it would submit; the sweep then goes to
 Slurm as one job array (ablate/launcher/array.py).
 (No `from __future__ import annotations` here: Hydra loads plugins without registering the module, and
@@ -61,9 +63,18 @@ class FreshProcessLauncher(Launcher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
             run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
+            earlier = earlier_call(run_dir)
+            if earlier == "finished":   # the same command again: what finished is kept, never run twice
+                log.info(f"\t#{idx} finished in an earlier call: kept ({run_dir})")
+                status, value = job_result(0, run_dir, sweep_config)
+                runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
+                                      working_dir=str(run_dir), task_name=str(sweep_config.hydra.job.name),
+                                      status=status, _return_value=value))
+                continue
             # the directory quoted: Hydra's override_dirname holds '=' and ','
             command = [sys.executable, "-m", "ablate", *config_dirs(self.config), *overrides, "hydra.mode=RUN",
-                       f"hydra.run.dir='{run_dir}'", *call_group(sweep_config)]
+                       f"hydra.run.dir='{run_dir}'", *call_group(sweep_config),
+                       *([f"train.resume='{run_dir}'"] if earlier == "stopped" else [])]
             env = {**os.environ, "ABLATE_PREFLIGHT_DONE": "1"}
             if sweep_config.launcher.name == "slurm":   # this point becomes a task of the sweep's job array
                 array_points.append(Path(str(sweep_config.hydra.sweep.dir)) / ".slurm_array" / f"{idx}.pkl")
@@ -81,12 +92,31 @@ class FreshProcessLauncher(Launcher):
         return runs
 
 
+def earlier_call(run_dir: Path) -> Optional[str]:
+    """What an earlier call of the same grid left in this job's folder: "finished" (its summary.json), "stopped"
+    (a checkpoint to continue from: Ctrl-C, SIGTERM), or nothing (None); a run stopped before its first
+    checkpoint is set aside as <dir>.incomplete-N (kept for a look; the report skips it) and runs again."""
+    from ablate.train import guards
+
+    if (run_dir / "summary.json").is_file():
+        return "finished"
+    if any((run_dir / d / "meta.pt").is_file() for d in ("checkpoint", "checkpoint.prev")):
+        return "stopped"
+    if guards.holds_a_run(run_dir):
+        aside = next(run_dir.with_name(f"{run_dir.name}.incomplete-{k}") for k in range(1, 1000)
+                     if not run_dir.with_name(f"{run_dir.name}.incomplete-{k}").exists())
+        os.replace(run_dir, aside)
+        log.info(f"\t{run_dir.name}: stopped before its first checkpoint in an earlier call; set aside as {aside.name}")
+    return None
+
+
 def run_job(command: List[str], env, run_dir: Path) -> int:
     """One job in its own process group (ablate/launcher/group.py): Ctrl-C or SIGTERM to this parent is passed
     on, the job checkpoints and ends, and the call stops in one line (exit 128 + the signal), never killing
     the job mid-checkpoint (subprocess.call would) nor leaving it orphaned."""
     group.raise_on_sigterm()
-    then = f"the jobs finished so far are kept; this job continues with train.resume={run_dir}"
+    then = (f"the jobs finished so far are kept, and the same command finishes the grid (this job continues with "
+            f"train.resume={run_dir})")
     try:
         return group.run(command, env, then=then, on_terminal=True).returncode
     except (RunStopped, KeyboardInterrupt, group.Interrupted) as e:   # (the last two: between jobs)
