@@ -9,8 +9,14 @@ from typing import Dict
 TESTS = str(Path(__file__).resolve().parent)
 
 
-def planted(failure: str = None, delay: str = None) -> Dict[str, str]:
+def planted(failure: str = None, delay: str = None, kill: str = None, stop: str = None) -> Dict[str, str]:
     env, hooks = {}, []
+    if kill:
+        env["PLANTED_KILL"] = kill
+        hooks.append("planted:kill_at")
+    if stop:
+        env["PLANTED_STOP"] = stop
+        hooks.append("planted:stop_at")
     if failure:
         env["PLANTED_FAILURE"] = failure
         hooks.append("planted:fail_at")
@@ -33,3 +39,22 @@ def sleep_before(rank: int, step: int) -> None:
     want_rank, seconds = os.environ["PLANTED_DELAY"].split(":")
     if rank == int(want_rank):
         time.sleep(float(seconds))
+
+
+def kill_at(rank: int, step: int) -> None:
+    """PLANTED_KILL=RANK:STEP: that rank is killed with SIGKILL at that step (kill -9: it says nothing)."""
+    want_rank, want_step = (int(v) for v in os.environ["PLANTED_KILL"].split(":"))
+    if (rank, step) == (want_rank, want_step):
+        os.kill(os.getpid(), 9)
+
+
+def stop_at(rank: int, step: int) -> None:
+    """PLANTED_STOP=RANK:STEP:SECONDS: that rank is stopped (SIGSTOP, as a debugger or the OS would) at that step
+    for that long; a helper process continues it (SIGCONT)."""
+    import signal
+    import subprocess
+
+    want_rank, want_step, seconds = os.environ["PLANTED_STOP"].split(":")
+    if (rank, step) == (int(want_rank), int(want_step)):
+        subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)

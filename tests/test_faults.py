@@ -15,6 +15,7 @@ import torch
 
 from ablate.train import checkpoint, guards, manifest
 from conftest import AS_TYPED_IN_A_TERMINAL, REPO, launch_in_process, main_in_process, read_jsonl, run_cli
+from planted import planted
 
 FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
 
@@ -574,3 +575,21 @@ def test_a_checkpoint_without_its_manifest_is_never_loaded_unchecked(tmp_path, m
     assert main_in_process(monkeypatch, [*short, "train.steps=12", f"train.resume={again}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot be verified (no manifest.json" in err[0], err
+
+
+@pytest.mark.slow
+def test_the_rank_that_failed_is_the_one_named(tmp_path):
+    """2 local ranks (two `python -m ablate`, ~25 s): rank 1 killed with SIGKILL at step 8 (it says nothing; rank 0
+    then loses its peer) -> the one line names rank 1; rank 1 stopped (SIGSTOP) for 4 s at step 20 -> the stall in
+    summary.json names rank 1, the rank that held the others up."""
+    common = ["parallel=ddp", "launcher.nproc_per_node=2", "logger=none", "metrics.gemm_probe_n=64"]
+    killed = run_cli([*common, "train.steps=30", f"hydra.run.dir={tmp_path / 'killed'}"], env=planted(kill="1:8"))
+    assert killed.returncode == 1 and "Traceback" not in killed.stderr, killed.stderr[-3000:]
+    last = killed.stderr.strip().splitlines()[-1]
+    assert last.startswith("ablate: rank 1 ended without a word (killed: kill -9, the OOM killer?); rank 0 stopped "
+                           "too"), last
+    stopped = run_cli([*common, "train.steps=40", f"hydra.run.dir={tmp_path / 'stopped'}"],
+                      env=planted(stop="1:20:4"))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    stalls = json.loads((tmp_path / "stopped" / "summary.json").read_text())["stalls"]
+    assert [(s["step"], s["rank"]) for s in stalls] == [(20, 1)] and stalls[0]["seconds"] >= 4, stalls

@@ -76,6 +76,15 @@ def noted_root_cause(folder):
     return next(((rank, text) for rank, text in own if not is_consequence(text)), None)
 
 
+def silent_ranks(folder, world: int):
+    """Ranks that left no note at all (no error, no stop, no signal's stop): killed outright (kill -9, the OOM
+    killer), they could say nothing, and the others' "connection closed by peer" is about them."""
+    folder = Path(folder)
+    noted = {int(m.group(1)) for p in (folder.glob("*rank*.txt") if folder.is_dir() else [])
+             for m in [re.search(r"rank(\d+)\.txt$", p.name)] if m}
+    return [r for r in range(world) if r not in noted]
+
+
 def noted_stop(folder):
     """(rank, why) of a rank that stopped the run on purpose (a full disk, non-finite training: RunStopped,
     noted by train/trainer.py as stopped-rank{N}.txt), the lowest rank first; None when none did."""

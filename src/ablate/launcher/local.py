@@ -126,6 +126,10 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
             raise RunStopped(stopped[1], exit_code=1) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
         noted = failures.noted_root_cause(run_dir / train.FAILURES_DIR)
+        silent = failures.silent_ranks(run_dir / train.FAILURES_DIR, n)
+        if not noted and silent and failures.is_consequence(failures.own_error(failure)):
+            raise RunFailed(f"rank {silent[0]} ended without a word (killed: kill -9, the OOM killer?); rank {rank} "
+                            "stopped too: its peer went away", exit_code=1) from None
         if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):
             raise RunFailed(f"rank {noted[0]} failed: {noted[1]} (rank {rank} stopped too: its peer went away)",
                             exit_code=1) from None

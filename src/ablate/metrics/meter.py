@@ -12,7 +12,7 @@ Every key of the summary is always present: a figure that cannot be measured her
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -76,7 +76,8 @@ class Meter:
         if totals:   # a resumed run: the figures cover every attempt's measured steps
             self.totals.update({k: v for k, v in totals.items() if k in self.totals})
         self.step_times = StepTimes(device, self.totals["step_times"])
-        self.before_comm: list = []          # per measured step: host seconds before its first collective
+        self.before_comm: list = []          # per measured step: (step, host seconds before its first collective)
+        self._step = 0
         self._host_t0: Optional[float] = None
         self.last: Dict[str, object] = {}
         self.util_samples = []
@@ -93,6 +94,7 @@ class Meter:
         self.loss_count += 1
 
     def step_begins(self, step: int) -> None:
+        self._step = step
         if self.measuring:
             self.step_times.begin(step)
             self.strategy.comm.first_at = None       # the step's first collective is stamped by the counter
@@ -102,7 +104,7 @@ class Meter:
         """`grad_norm` None: the engine did not measure one (then only the loss says a step was bad)."""
         self.step_times.end()
         if self._host_t0 is not None:   # work before the first collective (steady.py: stragglers)
-            self.before_comm.append((self.strategy.comm.first_at or time.perf_counter()) - self._host_t0)
+            self.before_comm.append((self._step, (self.strategy.comm.first_at or time.perf_counter()) - self._host_t0))
             self._host_t0 = None
         self.grad_norm = grad_norm.detach() if grad_norm is not None else None
         bad = self._step_bad if grad_norm is None else self._step_bad | ~torch.isfinite(self.grad_norm)
@@ -239,7 +241,7 @@ class Meter:
             robust = self._rates(steps["step_time_s"] * t["steps"], t["steps"], t["tokens"], t["flops"],
                                  t["hw_flops"], t["wait"], t["copy"], phases)
             out.update({k: robust[k] for k in STEADY_KEYS})
-        out.update(steps, compute_before_comm_s=steady.median_or_none(self.before_comm))
+        out.update(steps, compute_before_comm_s=steady.median_or_none([s for _, s in self.before_comm]))
         if steps["stalls"]:
             self.notes["step_time_s"] = f"the median steady step; {steady.describe(steps['stalls'])}"
         self.invalid.update(invalid_utilizations(out, self.peak.source))
@@ -296,6 +298,10 @@ class Meter:
         else:
             out.update({"fragmentation": None, "inactive_split_frac": None})
         return out
+
+    def slowest_before_comm(self, count: int = 8) -> List[List[float]]:
+        """This rank's longest waits before its first collective, [step, seconds]: who held a stall up."""
+        return [list(p) for p in sorted(self.before_comm, key=lambda p: p[1], reverse=True)[:count]]
 
     def close(self) -> None:
         if self.nvml:

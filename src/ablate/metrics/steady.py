@@ -7,8 +7,9 @@ to summary.json:
 - `step_time_s`: the median steady step; `step_time_p90_s`: its 90th percentile;
 - `step_time_mean_s`, `tokens_per_s_wall`: wall time over the measured steps (stalls, log steps and
   checkpoints included);
-- `stalls`: every step over STALL_FACTOR x the median, as {step, seconds, x_median}; `stall_s`: the
-  time they took beyond the median;
+- `stalls`: every step over STALL_FACTOR x the median, as {step, seconds, x_median}, with several ranks the
+  `rank` (and `host`) that held it up: the last to reach the step's first collective; `stall_s`: the time they
+  took beyond the median;
 - `compute_before_comm_s`: the median host time from a step's start to its first collective (data and
   compute before the rank joins the others; DDP's all-reduce evens out step times, this does not). On
   CUDA it is the host's (launch) side; without collectives in a step, the step's time;
@@ -57,6 +58,24 @@ def straggler(per_rank: List[Dict[str, object]], factor: float) -> Optional[Dict
         return None
     return {"rank": slowest["rank"], "host": slowest.get("host"), "slowdown": slowest[key] / others,
             "seconds": slowest[key], "others_s": others, "by": key}
+
+
+def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]]) -> List[Dict[str, object]]:
+    """Each stall with the rank that held it up, when several ranks ran: the one that took longest to reach the
+    step's first collective (a stopped or descheduled rank keeps the others waiting inside theirs); its `rank`
+    and `host` added (from per_rank's `slowest_before_comm`, each rank's longest waits)."""
+    if len(per_rank) < 2:
+        return stalls
+    out = []
+    for stall in stalls:
+        waits = [(dict((int(s), t) for s, t in r.get("slowest_before_comm") or []).get(stall["step"]), r)
+                 for r in per_rank]
+        known = [(t, r) for t, r in waits if t is not None]
+        if known:
+            t, r = max(known, key=lambda w: w[0])
+            stall = {**stall, "rank": r["rank"], "host": r.get("host"), "before_comm_s": t}
+        out.append(stall)
+    return out
 
 
 def describe(stalls: List[Dict[str, float]]) -> str:

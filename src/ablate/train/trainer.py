@@ -68,12 +68,14 @@ def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int) -> Dict[st
 
 
 def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
-    """.failures/rank{N}.txt (an error) or stopped-rank{N}.txt (a stop on purpose, in its own words: no room,
-    non-finite training; a signal's stop is said by the launcher); a disk too full for the note goes without."""
-    if isinstance(e, RunStopped) and e.exit_code >= 128:
-        return
-    name, text = (f"stopped-rank{rank}.txt", str(e)) if isinstance(e, RunStopped) else \
-        (f"rank{rank}.txt", f"{type(e).__name__}: {e}")
+    """.failures/rank{N}.txt (an error), stopped-rank{N}.txt (a stop on purpose, in its own words: no room,
+    non-finite training) or signalled-rank{N}.txt (a signal's stop, which the launcher says); a rank killed
+    outright leaves none (failures.silent_ranks); a disk too full for the note goes without."""
+    if isinstance(e, RunStopped) and e.exit_code >= 128:   # a signal's stop (the launcher says it): noted as one,
+        name, text = f"signalled-rank{rank}.txt", str(e)   # so that a rank that left no note at all stands out
+    else:
+        name, text = (f"stopped-rank{rank}.txt", str(e)) if isinstance(e, RunStopped) else \
+            (f"rank{rank}.txt", f"{type(e).__name__}: {e}")
     try:
         (run_dir / FAILURES_DIR).mkdir(parents=True, exist_ok=True)
         (run_dir / FAILURES_DIR / name).write_text(text[:2000])
@@ -170,6 +172,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
+             "slowest_before_comm": meter.slowest_before_comm(),
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
              **meter.host.rank_figures()},
             env)
@@ -183,6 +186,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
+                "stalls": steady.held_up_by(summary["stalls"], per_rank),
                 "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
