@@ -9,8 +9,12 @@ from typing import Dict
 TESTS = str(Path(__file__).resolve().parent)
 
 
-def planted(failure: str = None, delay: str = None, kill: str = None, stop: str = None) -> Dict[str, str]:
+def planted(failure: str = None, delay: str = None, kill: str = None, stop: str = None,
+            fill: str = None) -> Dict[str, str]:
     env, hooks = {}, []
+    if fill:
+        env["PLANTED_FILL"] = fill
+        hooks.append("planted:fill_at")
     if kill:
         env["PLANTED_KILL"] = kill
         hooks.append("planted:kill_at")
@@ -58,3 +62,16 @@ def stop_at(rank: int, step: int) -> None:
     if (rank, step) == (int(want_rank), int(want_step)):
         subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def fill_at(rank: int, step: int) -> None:
+    """PLANTED_FILL=DIR:STEP: at that step rank 0 fills the filesystem of DIR (a file of zeros until it is full),
+    as another job's output would."""
+    folder, want_step = os.environ["PLANTED_FILL"].rsplit(":", 1)
+    if rank == 0 and step == int(want_step):
+        try:
+            with open(os.path.join(folder, "filler"), "wb") as f:
+                while True:
+                    f.write(b"\0" * (1 << 16))
+        except OSError:
+            pass

@@ -593,3 +593,28 @@ def test_the_rank_that_failed_is_the_one_named(tmp_path):
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     stalls = json.loads((tmp_path / "stopped" / "summary.json").read_text())["stalls"]
     assert [(s["step"], s["rank"]) for s in stalls] == [(20, 1)] and stalls[0]["seconds"] >= 4, stalls
+
+
+@pytest.mark.slow   # trains (in process): not the fast tier
+def test_a_disk_that_fills_while_metrics_are_written_stops_in_one_line(tmp_path, monkeypatch, capsys):
+    """Another job fills the run's filesystem at step 7 (a planted hook); a row of the next steps (as soon as the
+    file needs another page) cannot be written: one line naming metrics.jsonl and the checkpoint of step 6, which
+    is intact (in process, one 1-rank run, ~3 s)."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "size=8m"):
+        pytest.skip("needs root and a tmpfs mount to make a filesystem fill up")
+    try:
+        for key, value in planted(fill=f"{disk}:7").items():
+            monkeypatch.setenv(key, value)
+        code = main_in_process(monkeypatch, [*FAST, "train.steps=20", "train.log_every=1", "train.checkpoint_every=6",
+                                             f"hydra.run.dir={disk / 'run'}"])
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert code == 1 and "Traceback" not in err, err[-3000:]
+        assert re.match(r"ablate: stopped at step (7|8|9|10|11): ", last), last
+        assert "metrics.jsonl cannot be written (No space left on device" in last, last
+        assert "checkpoint (step 6), intact" in last, last
+        assert manifest.problem(disk / "run" / "checkpoint") is None
+        assert checkpoint.read_meta(disk / "run" / "checkpoint")["step"] == 6
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)

@@ -240,7 +240,10 @@ class Tracker:
 
     def close(self, exit_code: int = 0) -> None:
         if self.enabled and not self.jsonl.closed:
-            self.jsonl.close()
+            try:
+                self.jsonl.close()
+            except OSError:   # a full disk: the rows that could not be written were said (train/loop.py)
+                pass
         if self.wandb is not None:
             self._guarded("finish", lambda: self.wandb.finish(exit_code=exit_code))
             self.wandb = None

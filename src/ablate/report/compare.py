@@ -250,7 +250,8 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
         R.add_common_peak(group)
     flagged = outliers.find(groups)
     checks = [check(g, spec, mixed_hardware, flagged, level) for g in groups for spec in g.sweep.get("checks", [])]
-    return {"runs": runs, "unfinished": unfinished, "groups": groups, "checks": checks, "outliers": flagged,
+    return {"runs": runs, "unfinished": unfinished, "missing": R.missing(dirs), "groups": groups, "checks": checks,
+            "outliers": flagged,
             "factorials": effects.find(runs), "stacks": waterfall.find(runs),
             "noise_floor": noise.floor(groups, checks, flagged),
             "arithmetic": arithmetic.claims() + arithmetic.article_mfu(groups), "level": level,

@@ -54,6 +54,10 @@ def header(report: Dict) -> List[str]:
     if report["unfinished"]:
         lines += ["**Runs that did not finish** (no summary.json; not in any figure):", ""]
         lines += [f"- `{p}`" for p in report["unfinished"]] + [""]
+    if report.get("missing"):
+        lines += [f"**Runs of the sweep's plan without a result** ({len(report['missing'])}; the same ablate.sweeps "
+                  "command runs them):", ""]
+        lines += [f"- {m}" for m in report["missing"]] + [""]
     named = outliers.lines(report["groups"], report.get("outliers") or {})
     if named:
         lines += ["**Outliers and stalls** (each check touched by an outlier gives its estimate the other way "
@@ -299,3 +303,5 @@ def print_table(report: Dict) -> None:
             print(f"  {c.claim} {c.metric}: not measurable here: {c.reason}")
     for p in report["unfinished"]:
         print(f"  did not finish: {p}")
+    for m in report.get("missing") or []:
+        print(f"  no result yet: {m}")

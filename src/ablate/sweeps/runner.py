@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 from ablate.metrics import host
 from ablate.report import outliers
+from ablate.report.runs import PLAN_FILE, run_dir_of  # where the i-th run of a plan goes: one rule, the report's
 from ablate.sweeps import _label, load
 from ablate.train import guards
 
@@ -31,10 +31,6 @@ def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float],
     if result.returncode == 124 and timeout is not None:
         result.stderr += " (--run-timeout)"
     return result
-
-
-def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
-    return root / name / f"{i:03d}_r{r}_{re.sub(r'[^A-Za-z0-9.+-]+', '-', label)[:60]}"
 
 
 def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Optional[float] = None,
@@ -119,7 +115,6 @@ def say(title: str, result, run_dir: Path, tail: str = "") -> None:
 
 
 RERUN_SUFFIX = "_rerun"
-PLAN_FILE = "plan.json"   # the call's runs, in order: the same command on the same --dir continues it
 
 
 def resume_point(run_dir: Path) -> str:

@@ -3,12 +3,15 @@ non-finite rule). Built by trainer.py, which assembles a rank's run around it.
 """
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, Optional
 
-from ablate import optim
+from ablate import optim, units
 from ablate.config import RunStopped
 from ablate.metrics.activations import SavedTensors
 from ablate.metrics.profile import StepProfiler
@@ -88,10 +91,21 @@ class Loop:
                 row = self.meter.log_point(step)
                 row["lr"] = self.lr
                 self.add_profile(row)
-                self.tracker.log(row)
+                self.log(step, row)
                 self.check_finite(step)
             self.progress.advance(step, row)
             self.between_steps(step)
+
+    def log(self, step: int, row: Dict) -> None:
+        """A row to metrics.jsonl (and W&B); a disk that cannot take it (full, gone read-only) stops the run in one
+        line naming the last good checkpoint, which stays as it was."""
+        try:
+            self.tracker.log(row)
+        except OSError as e:
+            where = self.run_dir / "metrics.jsonl"
+            free = shutil.disk_usage(self.run_dir).free if self.run_dir.exists() else 0
+            raise RunStopped(f"stopped at step {step}: {where} cannot be written ({os.strerror(e.errno or errno.EIO)}; "
+                             f"{units.fmt('free_bytes', free)} free); {self.last_good()}, intact") from None
 
     def add_profile(self, row: Dict) -> None:
         """The traced steps' figures join the first log row after the trace is in (and W&B gets the trace)."""
