@@ -126,6 +126,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
         "class Payload:\n"
         f"    def __reduce__(self): return (os.system, ('touch {marker}',))\n"
         f"torch.save({{'step': 1, 'evil': Payload()}}, '{ckpt / 'meta.pt'}')\n")], check=True)
+    manifest.write(ckpt, 1, 1)   # listed as whole: the refusal must come from what meta.pt would run
     result = run_cli([*FAST, "train.steps=4", f"train.resume={tmp_path / 'old'}", f"hydra.run.dir={tmp_path}/new"])
     assert result.returncode == 2 and "refused (loading it could run code)" in one_line(result)
     assert not marker.exists()

@@ -25,8 +25,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
-from ablate import cli, units
+from ablate import units
 from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
+from ablate.config import arguments as cli
 from ablate.launcher import group
 
 SET_PER_TRIAL = ("train.batch_size", "train.global_batch_size", "train.steps", "train.warmup_steps",

@@ -21,8 +21,9 @@ import json
 import sys
 from typing import Dict, List
 
-from ablate import cli, parallel, units
+from ablate import parallel, units
 from ablate.config import AblateConfig
+from ablate.config import arguments as cli
 from ablate.model.facts import measure
 from ablate.parallel.base import Breakdown
 

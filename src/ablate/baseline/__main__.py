@@ -11,9 +11,10 @@ import os
 import sys
 from typing import List
 
-from ablate import baseline, cli, units
+from ablate import baseline, units
 from ablate.baseline import check as C
 from ablate.config import AblateError, ConfigError, exit_code_of
+from ablate.config import arguments as cli
 
 EXIT_REGRESSED = 1
 

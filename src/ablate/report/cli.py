@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from ablate import cli
+from ablate.config import arguments as cli
 from ablate.report import compare, effects, wandb_view, waterfall
 from ablate.report import output as report_output
 

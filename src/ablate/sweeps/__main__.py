@@ -9,8 +9,9 @@ from typing import Dict, List, Tuple
 
 import yaml
 
-from ablate import cli, report
+from ablate import report
 from ablate.config import AblateError, ConfigError, exit_code_of
+from ablate.config import arguments as cli
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
