@@ -9,24 +9,18 @@ from typing import Dict
 TESTS = str(Path(__file__).resolve().parent)
 
 
-def planted(failure: str = None, delay: str = None, kill: str = None, stop: str = None,
-            fill: str = None) -> Dict[str, str]:
-    env, hooks = {}, []
-    if fill:
-        env["PLANTED_FILL"] = fill
-        hooks.append("planted:fill_at")
-    if kill:
-        env["PLANTED_KILL"] = kill
-        hooks.append("planted:kill_at")
-    if stop:
-        env["PLANTED_STOP"] = stop
-        hooks.append("planted:stop_at")
-    if failure:
-        env["PLANTED_FAILURE"] = failure
-        hooks.append("planted:fail_at")
-    if delay:
-        env["PLANTED_DELAY"] = delay
-        hooks.append("planted:sleep_before")
+# each planted fault: its argument -> (the variable it sets, the hook that reads it)
+FAULTS = {"failure": ("PLANTED_FAILURE", "fail_at"), "delay": ("PLANTED_DELAY", "sleep_before"),
+          "kill": ("PLANTED_KILL", "kill_at"), "stop": ("PLANTED_STOP", "stop_at"), "fill": ("PLANTED_FILL", "fill_at")}
+
+
+def planted(**faults: str) -> Dict[str, str]:
+    """The environment that plants these faults (failure, delay, kill, stop, fill: see each hook below)."""
+    unknown = set(faults) - set(FAULTS)
+    assert not unknown, f"no such planted fault: {unknown}"
+    given = {k: v for k, v in faults.items() if v}
+    env = {FAULTS[k][0]: v for k, v in given.items()}
+    hooks = [f"planted:{FAULTS[k][1]}" for k in FAULTS if k in given]
     path = [TESTS, *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**env, "ABLATE_STEP_HOOKS": ",".join(hooks), "PYTHONPATH": os.pathsep.join(path)}
 
