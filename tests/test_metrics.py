@@ -199,3 +199,18 @@ def test_nvml_handles_follow_cuda_visible_devices(monkeypatch):
     assert nvml.handle(FakeNvml(), 0) == ("index", 3) and nvml.handle(FakeNvml(), 1) == ("index", 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f1c")
     assert nvml.handle(FakeNvml(), 0) == ("uuid", "GPU-8f1c")
+
+
+def test_a_run_started_by_a_large_process_reports_its_own_peak_memory():   # ~0.5 s: one bare python child
+    """ru_maxrss survives execve on Linux: a run started by a tune driver or a pytest worker read its parent's
+    peak (a trial "over the budget" that used 400 MB). The figure is the child's own high-water mark."""
+    import subprocess
+    import sys
+
+    held = bytearray(800 * 2**20)
+    held[::4096] = b"\x01" * len(held[::4096])   # touched: resident in this process
+    code = "from ablate.metrics.memory import peak_rss_bytes; print(peak_rss_bytes())"
+    child = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"],
+                           capture_output=True, text=True, check=True)
+    assert int(child.stdout) < 400 * 2**20, child.stdout   # a bare python with torch: ~ 100-300 MB
+    del held

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from pathlib import Path
 from typing import Dict, Optional
 
 import torch
@@ -45,8 +46,20 @@ def cuda_interval(device: torch.device) -> Dict[str, object]:
     return out
 
 
+STATUS = Path("/proc/self/status")
+
+
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process: VmHWM, the high-water mark of its own address space.
+    Not ru_maxrss: Linux carries it across execve, so a run started by a larger process (a tune driver, a
+    pytest worker) would report its parent's peak (the child of a 1.5 GB parent reads 1.5 GB, VmHWM 13 MB).
+    ru_maxrss only where there is no /proc (macOS: bytes, no such carry-over)."""
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024   # "VmHWM:   13492 kB"
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
 
