@@ -287,19 +287,52 @@ def test_the_ranks_agree_their_launcher_is_gone_when_only_a_peer_saw_it_first(mo
     from ablate.train import signals
     monkeypatch.setattr(signals, "rank_env", lambda: type("Env", (), {"elastic": True, "in_slurm": False})())
     monkeypatch.setattr(signals, "_control_group", lambda: None)
-    peer = torch.tensor([signal.SIGINT, 1])            # rank 1: SIGINT from its parent's death, parent gone
+    peer = torch.tensor([signal.SIGINT, 1, -1])        # rank 1: SIGINT from its parent's death, parent gone
     monkeypatch.setattr(signals.dist, "all_reduce", lambda t, op, group: t.copy_(torch.maximum(t, peer)))
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         rank0 = signals.Preemption(world_size=2)        # still sees its parent: not orphaned by itself
-        assert rank0.due() and rank0.signum == signal.SIGINT and rank0.orphaned
+        assert rank0.due(1) and rank0.signum == signal.SIGINT and rank0.orphaned
         rank0.restore()                                 # leaving: late copies of the stop are ignored now
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        peer.zero_()
+        peer.copy_(torch.tensor([0, 0, -(10 ** 9)]))
         quiet = signals.Preemption(world_size=2)
-        assert not quiet.due() and not quiet.orphaned
+        assert not quiet.due(1) and not quiet.orphaned
         quiet.restore()                                 # not stopping: the handlers from before come back
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN   # (rank0's, from just before)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_the_ranks_agree_on_stopping_about_once_a_second_not_every_step(monkeypatch):
+    """Logic, in process (~0 s): steps of 10 ms agree every ~100 steps (the most), steps of 2 s every step; every
+    rank takes the soonest proposal, so all of them call the collective at the same steps."""
+    from ablate.train import signals
+    monkeypatch.setattr(signals, "rank_env", lambda: type("Env", (), {"elastic": False, "in_slurm": False})())
+    monkeypatch.setattr(signals, "_control_group", lambda: None)
+    calls, clock = [], [0.0]
+    monkeypatch.setattr(signals.time, "monotonic", lambda: clock[0])
+    peer = torch.tensor([0, 0, -(10 ** 9)])            # a peer that proposes nothing sooner
+    monkeypatch.setattr(signals.dist, "all_reduce",
+                        lambda t, op, group: calls.append(int(clock[0] * 1000)) or t.copy_(torch.maximum(t, peer)))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rank = signals.Preemption(world_size=2)
+        for step in range(1, 302):                     # 10 ms steps
+            clock[0] += 0.01
+            assert not rank.due(step)
+        assert 3 <= len(calls) <= 5, calls             # step 1, then every ~100 steps
+        calls.clear()
+        for step in range(302, 306):                   # 2 s steps: every step, once the interval is re-agreed
+            clock[0] += 2.0
+            rank.due(step)
+        assert len(calls) <= 2
+        peer.copy_(torch.tensor([signal.SIGTERM, 0, -(10 ** 9)]))   # a peer was told to stop
+        step = rank.next_check
+        clock[0] += 2.0
+        assert rank.due(step) and rank.signum == signal.SIGTERM
+        rank.restore()
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
@@ -334,6 +367,7 @@ def test_a_dying_launchers_late_sigint_is_nobodys_second_ctrl_c(monkeypatch):
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
 
 
 def test_a_rank_knows_its_launcher_by_pid_and_start_time_not_by_its_parent():

@@ -209,7 +209,7 @@ def test_a_run_started_by_a_large_process_reports_its_own_peak_memory():   # ~0.
 
     held = bytearray(800 * 2**20)
     held[::4096] = b"\x01" * len(held[::4096])   # touched: resident in this process
-    code = "from ablate.metrics.memory import peak_rss_bytes; print(peak_rss_bytes())"
+    code = "from ablate.metrics.memory import PeakRss; print(PeakRss().bytes())"
     child = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"],
                            capture_output=True, text=True, check=True)
     assert int(child.stdout) < 400 * 2**20, child.stdout   # a bare python with torch: ~ 100-300 MB

@@ -49,25 +49,46 @@ def cuda_interval(device: torch.device) -> Dict[str, object]:
 STATUS = Path("/proc/self/status")
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process: VmHWM, the high-water mark of its own address space.
-    Not ru_maxrss: Linux carries it across execve, so a run started by a larger process (a tune driver, a
-    pytest worker) would report its parent's peak (the child of a 1.5 GB parent reads 1.5 GB, VmHWM 13 MB).
-    ru_maxrss only where there is no /proc (macOS: bytes, no such carry-over)."""
+def _ru_maxrss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024   # KiB on Linux, bytes on macOS
+
+
+def _vm_hwm_bytes() -> Optional[int]:
+    """VmHWM: the high-water mark of this process's own address space (Linux)."""
     try:
         for line in STATUS.read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024   # "VmHWM:   13492 kB"
     except OSError:
         pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
+    return None
 
 
-def cpu_interval() -> Dict[str, object]:
-    rss = peak_rss_bytes()
+class PeakRss:
+    """Peak resident set size of this process. ru_maxrss alone is not it: Linux carries it across execve, so a
+    run started by a larger process (a tune driver, a pytest worker) would read its parent's peak (the child of a
+    1.5 GB parent reads 1.5 GB; its VmHWM, 13 MB). ru_maxrss is max(the parent's peak, ours): once it grows past
+    what was inherited it is ours; until then VmHWM says (/proc, read only while needed: no read per log step on a
+    run started from a shell)."""
+
+    def __init__(self):
+        self.inherited = _ru_maxrss_bytes()
+        own = _vm_hwm_bytes()
+        self.ru_is_own = own is None or own >= self.inherited
+
+    def bytes(self) -> int:
+        ru = _ru_maxrss_bytes()
+        if self.ru_is_own or ru > self.inherited:
+            self.ru_is_own = True
+            return ru
+        return _vm_hwm_bytes() or ru
+
+
+def cpu_interval(peak_rss: PeakRss) -> Dict[str, object]:
+    rss = peak_rss.bytes()
     return {"mem/peak_rss_bytes": rss, "mem_peak_bytes": rss, "mem_reserved_bytes": None, "fragmentation": None}
 
 
-def interval(device: torch.device) -> Dict[str, object]:
-    return cuda_interval(device) if device.type == "cuda" else cpu_interval()
+def interval(device: torch.device, peak_rss: PeakRss) -> Dict[str, object]:
+    return cuda_interval(device) if device.type == "cuda" else cpu_interval(peak_rss)

@@ -50,6 +50,7 @@ class Meter:
         self.layout = layout   # parallel/mesh.py: the ranks of one TP group share their tokens
         self.flop_model = flop_model
         self.host = HostLoad()
+        self.peak_rss = memory.PeakRss()
         device = self.device
         self.feeder, self.strategy = feeder, strategy
         self.notes: Dict[str, str] = {}
@@ -175,7 +176,7 @@ class Meter:
                                   "loss_scale": self.strategy.loss_scale()}
         self.loss_sum.zero_()
         self.loss_count = 0
-        mem = memory.interval(self.device)
+        mem = memory.interval(self.device, self.peak_rss)
         for k, v in mem.items():   # whole-run peaks: the max over intervals
             if k.endswith(".peak") or k in ("mem_peak_bytes", "mem_reserved_bytes"):
                 self.mem_max[k] = max(self.mem_max.get(k) or 0, v or 0) if v is not None else None

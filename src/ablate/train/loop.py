@@ -143,7 +143,7 @@ class Loop:
 
     def between_steps(self, step: int) -> None:
         every, last = self.cfg.train.checkpoint_every, self.cfg.train.steps
-        if step < last and self.preemption.due():   # at the last step the run simply finishes
+        if step < last and self.preemption.due(step):   # at the last step the run simply finishes
             self.save(step)
             raise checkpoint.Preempted(self.preemption.signum, step)
         if every and (step % every == 0 or step == last):

@@ -1,8 +1,10 @@
 """Stop signals: a Slurm warning signal, SIGTERM or Ctrl-C becomes a flag the loop checks at step boundaries;
-the ranks agree, the loop checkpoints, and the run ends with one line (`stopped`) or is requeued."""
+the ranks agree (about once a second), the loop checkpoints, and the run ends with one line (`stopped`) or is
+requeued."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from pathlib import Path
@@ -88,6 +90,27 @@ def exiting(pid: Optional[int]) -> bool:
             return True   # (a thread that ended between the listing and the read has no fields)
     return False
 
+def watch(pid: int) -> Optional[int]:
+    """A pidfd for process `pid` (Linux 5.3+): readable once it has ended, so asking costs a poll, not a /proc
+    read, and a reused pid cannot fool it. None where there is none (then identity() at agreement steps)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def ended(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+# Stop requests are agreed by the ranks about once a second of training, never more often than once a step: a
+# collective per step is one the user's training does not make (and a gloo round trip on a fast step), while a
+# stop a second late costs nothing (Slurm warns minutes ahead). The interval in steps is agreed at each check.
+AGREE_EVERY_S = 1.0
+MAX_STEPS_BETWEEN_CHECKS = 100
+
 # One Ctrl-C reaches a rank of a local multi-rank run twice: from the terminal (the whole process group)
 # and from the launcher, which forwards what it got. Copies this close together are one request.
 REPEAT_WINDOW_S = 2.0
@@ -109,7 +132,9 @@ class Preemption:
         # (kill -9) has nobody left to say what happened (`orphaned`: rank 0 says it itself)
         self.parent = launcher_pid() if rank_env().elastic else None
         self.parent_identity = identity(self.parent) if self.parent else None
+        self.parent_fd = watch(self.parent) if self.parent else None
         self.orphaned = False
+        self.next_check, self.checked_step, self.checked_at = 0, 0, time.monotonic()
         signals = (signal.SIGUSR2, signal.SIGTERM) if self.slurm else (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
             try:
@@ -132,6 +157,9 @@ class Preemption:
         take down a killed process's threads)."""
         if not self.parent or self.orphaned:
             return self.orphaned
+        if not settle_s and self.parent_fd is not None:
+            self.orphaned = ended(self.parent_fd)
+            return self.orphaned
         if settle_s and exiting(self.parent):
             deadline = time.monotonic() + settle_s
             while not gone(self.parent, self.parent_identity) and time.monotonic() < deadline:
@@ -139,21 +167,36 @@ class Preemption:
         self.orphaned = gone(self.parent, self.parent_identity)
         return self.orphaned
 
-    def due(self) -> bool:
-        if self.launcher_gone():   # (SIGINT from the kernel, or nothing at all: stop all the same)
-            self.signum = self.signum or signal.SIGTERM
+    def due(self, step: int) -> bool:
+        """Whether to stop after `step`: at once for one rank; several ranks agree at check steps only (about
+        once a second, AGREE_EVERY_S), all of them at the same steps."""
         if self.world_size == 1:
+            if self.launcher_gone():   # (SIGINT from the kernel, or nothing at all: stop all the same)
+                self.signum = self.signum or signal.SIGTERM
             return self.signum is not None
+        if step < self.next_check:
+            return False
+        if self.launcher_gone():
+            self.signum = self.signum or signal.SIGTERM
         # the ranks share their launcher, yet each sees it gone at its own moment: agree on that too, so that
-        # rank 0 says so even when only its peer noticed first
-        flags = torch.tensor([self.signum or 0, int(self.orphaned)], dtype=torch.int64)
+        # rank 0 says so even when only its peer noticed first; the next check step is the soonest proposed
+        flags = torch.tensor([self.signum or 0, int(self.orphaned), -self.steps_to_next_check(step)],
+                             dtype=torch.int64)
         with paused():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_control_group())
-        signum, orphaned = (int(v) for v in flags.tolist())
+        signum, orphaned, minus_steps = (int(v) for v in flags.tolist())
+        self.next_check = step - minus_steps
         if signum and self.signum is None:
             self.signum = signum
         self.orphaned = bool(orphaned)
         return bool(signum)
+
+    def steps_to_next_check(self, step: int) -> int:
+        """This rank's proposal: as many steps as it ran in AGREE_EVERY_S since the last check (1 to 100)."""
+        now = time.monotonic()
+        per_step = (now - self.checked_at) / max(step - self.checked_step, 1)
+        self.checked_step, self.checked_at = step, now
+        return max(1, min(MAX_STEPS_BETWEEN_CHECKS, int(AGREE_EVERY_S / max(per_step, 1e-6))))
 
     def restore(self) -> None:
         """The handlers from before the run. A launched rank that stops on a signal leaves right after: late
