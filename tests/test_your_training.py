@@ -2,6 +2,7 @@
 a transformers model from its config, a token file, an optimizer and schedule, a config dir and a sweep of
 one's own. The contract, FLOPs, schedule and data are checked in process with hand-checked numbers; each way
 in runs end to end once (costs noted per test)."""
+import csv
 import json
 import os
 import shutil
@@ -167,6 +168,11 @@ def test_a_datasets_folder_is_packed(user_files):
     (["model=hf"], "model.config: give the path of a transformers config.json"),
     (["model=mine", "+model.dimm=3"], "mymodels.MLPLM(**{'vocab_size': 512, 'dim': 64, 'n_layers': 2, 'dimm': 3}) "
                                       "failed: MLPLM.__init__() got an unexpected keyword argument 'dimm'"),
+    (["+metrics.collectors=[{_target_: mycollectors.Nope}]"], "metrics.collectors[0]._target_=mycollectors.Nope: "
+                                                              "cannot import it"),
+    (["+metrics.collectors=[{_target_: mymodels.MLPLM}]"], "metrics.collectors[0]: MLPLM has no on_step or summary()"),
+    (["+metrics.collectors=[mycollectors.LossDrop]"], "metrics.collectors[0]='mycollectors.LossDrop': a collector is "
+                                                      "a mapping with a _target_"),
 ])
 def test_a_bad_model_or_data_is_one_line_before_any_directory(tmp_path, monkeypatch, capsys, user_files, args, line):
     code = main_in_process(monkeypatch, ["--config-dir", str(user_files.config_dir), *args,
@@ -267,8 +273,14 @@ def test_your_config_dir_reaches_every_job_and_your_sweep_runs(tmp_path, user_fi
                        env=user_files.env)
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert (tmp_path / "sweep" / "report.md").exists()
-    assert sorted(json.loads(p.read_text())["choices"]["optim"] for p in (tmp_path / "sweep").rglob("summary.json")
-                  ) == ["adamw", "sgd"]
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").rglob("summary.json")]
+    assert sorted(s["choices"]["optim"] for s in summaries) == ["adamw", "sgd"]
+    # the sweep file's own collector (tests/user/mycollectors.py): every row, the summary, the report's CSV
+    assert all(s["collected"] == ["loss_drop_total"] and s["loss_drop_total"] > 0 for s in summaries)
+    rows = [r for p in (tmp_path / "sweep").rglob("metrics.jsonl") for r in read_jsonl(p)]
+    assert rows and all(isinstance(r["loss_drop"], float) for r in rows)
+    compared = {r["metric"]: r for r in csv.DictReader((tmp_path / "sweep" / "report.csv").open())}
+    assert compared["loss_drop_total"]["effect_kind"] == "ratio" and compared["loss_drop_total"]["measured"]
 
 
 def test_the_readme_shows_the_files_the_tests_train():

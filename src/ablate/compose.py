@@ -150,6 +150,9 @@ def check_choices(cfg: AblateConfig) -> None:
     from ablate.parallel import layout_of  # torch, as registries(): paid once the config passed Hydra and the schema
 
     layout_of(cfg)   # the ranks' layout (parallel/mesh.py): tp, shard_size and the world agree, or one line
+    from ablate.metrics import collectors
+
+    collectors.check(cfg.metrics.collectors)   # the user's collectors import and have their two methods
 
 
 def check_hardware(cfg: AblateConfig) -> None:

@@ -230,6 +230,9 @@ class MetricsConfig:
     # a rank whose work before its first collective (compute + data) is over this factor of the other ranks'
     # median is named in summary.json's `straggler` (metrics/steady.py)
     straggler_factor: float = num(1.2, 1, low_open=True)
+    # figures of your own: [{_target_: mypkg.MyCollector, ...}], each called after every step and at the end
+    # (metrics/collectors.py, docs/collectors.md)
+    collectors: List[Any] = field(default_factory=list)
 
     def __post_init__(self):
         check_ranges(self, "metrics")

@@ -191,6 +191,21 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
                  _other_way(group, spec, base, treat, flagged or {}, claimed, expected, level) if est else "")
 
 
+def collected_checks(group: R.Group) -> List[Dict]:
+    """The totals of the runs' own collectors (summary.json's `collected`, metrics.collectors), compared without a
+    claim: a ratio where every run's value is positive, else a difference; a figure the sweep checks already, once."""
+    base, treat = group.pairs()
+    checked = {spec["metric"] for spec in group.sweep.get("checks", [])}
+    names = sorted({n for r in base + treat for n in r.summary.get("collected") or []} - checked)
+    out = []
+    for name in names:
+        values = [r.metric(name) for r in base + treat]
+        positive = all(v is not None and v > 0 for v in values)
+        out.append({"metric": name, "effect": "ratio" if positive else "difference",
+                    "what": f"{name} (metrics.collectors)"})
+    return out
+
+
 def layouts(base: List[R.Run], treat: List[R.Run]) -> str:
     """The arms' layouts (runs.Run.layout), "baseline -> treatment" when they differ."""
     a, b = ("/".join(sorted({r.layout for r in arm})) for arm in (base, treat))
@@ -249,7 +264,8 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
     for group in groups:
         R.add_common_peak(group)
     flagged = outliers.find(groups)
-    checks = [check(g, spec, mixed_hardware, flagged, level) for g in groups for spec in g.sweep.get("checks", [])]
+    checks = [check(g, spec, mixed_hardware, flagged, level) for g in groups
+              for spec in [*g.sweep.get("checks", []), *collected_checks(g)]]
     return {"runs": runs, "unfinished": unfinished, "missing": R.missing(dirs), "groups": groups, "checks": checks,
             "outliers": flagged,
             "factorials": effects.find(runs), "stacks": waterfall.find(runs),

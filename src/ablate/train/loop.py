@@ -14,6 +14,7 @@ from typing import Dict, Optional
 from ablate import optim, units
 from ablate.config import RunStopped
 from ablate.metrics.activations import SavedTensors
+from ablate.metrics.collectors import Collected, StepEvent
 from ablate.metrics.profile import StepProfiler
 from ablate.train import checkpoint, hooks, signals
 
@@ -36,6 +37,8 @@ class Loop:
         self.lr = cfg.optim.lr
         self.blocks = blocks or []
         self.activation_bytes: Optional[int] = None
+        self.collected = Collected(cfg.metrics.collectors)   # the user's own figures (metrics.collectors)
+        self.last_loss = None
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
@@ -52,6 +55,7 @@ class Loop:
                 strategy.backward(loss / t.grad_accum)
             self.meter.clock.end("fwd_bwd")
             self.meter.on_micro(loss)
+            self.last_loss = loss
 
     def saved_for_backward(self, saved: SavedTensors) -> int:
         """With activation checkpointing torch's checkpoint keeps each block's input out of autograd's sight: added
@@ -82,6 +86,7 @@ class Loop:
             grad_norm = self.strategy.step(measure_state=step == t.steps)
             self.meter.clock.end("optimizer")
             self.meter.on_step(grad_norm)
+            self.collect(step)
             self.confirm_saved(step)
             self.profiler.step()
             if step in traced and step + 1 not in traced:   # the trace is written: steady steps again
@@ -90,11 +95,18 @@ class Loop:
             if step % t.log_every == 0 or step == t.steps:
                 row = self.meter.log_point(step)
                 row["lr"] = self.lr
+                self.collected.into_row(row)
                 self.add_profile(row)
                 self.log(step, row)
                 self.check_finite(step)
             self.progress.advance(step, row)
             self.between_steps(step)
+
+    def collect(self, step: int) -> None:
+        if self.collected.collectors:
+            self.collected.on_step(StepEvent(step, self.last_loss.detach(), self.feeder.tokens, self.strategy.model,
+                                             getattr(self.strategy, "optimizer", None), self.env.rank,
+                                             self.env.world_size))
 
     def log(self, step: int, row: Dict) -> None:
         """A row to metrics.jsonl (and W&B); a disk that cannot take it (full, gone read-only) stops the run in one

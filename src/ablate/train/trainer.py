@@ -167,6 +167,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             loop.preemption.restore()
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
                    "activation_bytes": loop.activation_bytes}
+        collected = loop.collected.totals()
         per_rank = comm.all_gather_object(
             {**distributed.place(env), "state_bytes": strategy.measured_state,
              "comm_exposed_s": summary["comm_exposed_s"],
@@ -195,6 +196,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                           **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
                 "sweep": resolved.get("sweep") or {},
             })
+            loop.collected.into_summary(summary, collected)
             tracker.finish(summary)
             print_summary(summary)
         clean = True

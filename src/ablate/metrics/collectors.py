@@ -1,0 +1,121 @@
+"""Figures of your own: `metrics.collectors` lists collectors, each a `_target_` with its arguments, built on every
+rank. The loop calls each one's `on_step(event)` after every optimizer step and `summary()` once at the end; what
+they return reaches metrics.jsonl (each row it logs: each figure's latest value), summary.json (the totals,
+top-level keys), W&B, and ablate.report's comparisons and CSV (each total, no claim: an effect with its interval),
+with no edit to ablate. docs/collectors.md has the interface and an example.
+
+A figure's name must not be one ablate records itself (one line names it); values are numbers or None. The
+figures in summary.json are rank 0's: a collector that wants every rank's reduces them itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ablate.config import ConfigError
+from ablate.config.fields import user_object
+
+
+@dataclass
+class StepEvent:
+    """What a collector sees after each optimizer step (nothing here syncs the device; `loss.item()` would)."""
+    step: int
+    loss: torch.Tensor          # the step's last micro-batch loss on this rank, detached, on the device
+    tokens: int                 # tokens this rank has trained on so far in this attempt
+    model: torch.nn.Module      # as trained (wrapped by DDP/FSDP/DeepSpeed where the layout wraps it)
+    optimizer: Optional[Any]
+    rank: int
+    world_size: int
+
+
+class Collector:
+    """The interface (subclassing it is optional: the two methods are what is called)."""
+
+    def on_step(self, event: StepEvent) -> Dict[str, Optional[float]]:
+        return {}
+
+    def summary(self) -> Dict[str, Optional[float]]:
+        return {}
+
+
+def check(specs: List[Any]) -> List[tuple]:
+    """`metrics.collectors` as (key, class, arguments), each importable and with the two methods: one line naming
+    the entry when one is not (said before any rank starts)."""
+    out = []
+    for i, spec in enumerate(specs or []):
+        key = f"metrics.collectors[{i}]"
+        spec = dict(spec) if hasattr(spec, "items") else spec
+        if not isinstance(spec, dict) or "_target_" not in spec:
+            raise ConfigError(f"{key}={spec!r}: a collector is a mapping with a _target_ "
+                              "(e.g. {_target_: mypkg.MyCollector, every: 10})")
+        target = user_object(f"{key}._target_", spec.pop("_target_"))
+        missing = [m for m in ("on_step", "summary") if not callable(getattr(target, m, None))]
+        if missing:
+            raise ConfigError(f"{key}: {target.__qualname__} has no {' or '.join(missing)}(): a collector needs "
+                              "on_step(event) -> dict and summary() -> dict (ablate.metrics.collectors.Collector)")
+        out.append((key, target, spec))
+    return out
+
+
+def build(specs: List[Any]) -> List[Any]:
+    """`metrics.collectors`, built (on every rank)."""
+    out = []
+    for key, target, args in check(specs):
+        try:
+            out.append(target(**args))
+        except TypeError as e:
+            raise ConfigError(f"{key}: {target.__qualname__}({', '.join(f'{k}={v!r}' for k, v in args.items())}) "
+                              f"fails: {e}") from None
+    return out
+
+
+def figures(collectors: List[Any], call: str, *args) -> Dict[str, Optional[float]]:
+    """Every collector's figures from `call` ("on_step" or "summary"), checked: names are strings, values numbers
+    or None, and no two collectors give the same name."""
+    out: Dict[str, Optional[float]] = {}
+    for c in collectors:
+        got = getattr(c, call)(*args) or {}
+        for name, value in dict(got).items():
+            bad = not isinstance(name, str) or not (value is None or isinstance(value, (int, float)))
+            if bad or name in out:
+                why = "a figure is a name and a number or None" if bad else "another collector gives it too"
+                raise ConfigError(f"metrics.collectors: {type(c).__qualname__}.{call}() returned {name!r}: "
+                                  f"{value!r}: {why}")
+            out[name] = value
+    return out
+
+
+def merge(into: Dict[str, object], collected: Dict[str, Optional[float]], where: str) -> None:
+    """Collected figures into a row or the summary: a name ablate already records there is refused in one line."""
+    taken = sorted(set(collected) & set(into))
+    if taken:
+        raise ConfigError(f"metrics.collectors: {', '.join(map(repr, taken))} in {where} is a figure ablate records "
+                          "itself: give yours another name")
+    into.update(collected)
+
+
+class Collected:
+    """The run's collectors: each figure's latest value, which the next log row takes."""
+
+    def __init__(self, specs: List[Any]):
+        self.collectors = build(specs)
+        self.latest: Dict[str, Optional[float]] = {}
+        self.names: List[str] = []
+
+    def on_step(self, event: StepEvent) -> None:
+        if self.collectors:
+            self.latest.update(figures(self.collectors, "on_step", event))   # a figure not given: its last value
+
+    def into_row(self, row: Dict[str, object]) -> None:
+        merge(row, self.latest, "a metrics.jsonl row")
+
+    def totals(self) -> Dict[str, Optional[float]]:
+        """Every collector's summary() (called on every rank: a collector may reduce across them)."""
+        return figures(self.collectors, "summary")
+
+    @staticmethod
+    def into_summary(summary: Dict[str, object], totals: Dict[str, Optional[float]]) -> None:
+        merge(summary, totals, "summary.json")
+        summary["collected"] = sorted(totals)   # the report compares these (report/runs.py)
