@@ -1,7 +1,7 @@
-"""The documentation is the test list: every command in the `bash` and `console` blocks of README.md and
-sweeps/README.md, typed as a user types it — from a directory outside the checkout, in an environment with
-only PATH and HOME (no rank, Slurm or W&B variables; one OpenMP thread in the parallel tier), with the
-installed `python` — in the order written.
+"""The documentation is the test list: every command in the `bash` and `console` blocks of README.md,
+docs/tune.md, docs/baseline.md and sweeps/README.md, typed as a user types it — from a directory outside the
+checkout, in an environment with only PATH and HOME (no rank, Slurm or W&B variables; one OpenMP thread in the
+parallel tier), with the installed `python` — in the order written.
 The only change is appending a few training steps to what trains (SHORT); a command added to a block is
 covered without a test written for it. `bash` lines must exit 0 without a traceback; a `console` block's
 `$ ` lines must print exactly the line documented under them, exit 2 and leave no directory behind.
@@ -21,7 +21,8 @@ import pytest
 from conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("readme")]   # the commands share one user directory, in order
-DOCS = [REPO / "README.md", REPO / "sweeps" / "README.md"]
+# in the order a user meets them: the tune and the gate read what the README's commands made
+DOCS = [REPO / "README.md", REPO / "docs" / "tune.md", REPO / "docs" / "baseline.md", REPO / "sweeps" / "README.md"]
 SHORT = ["train.steps=8", "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=256"]
 TRAINS = ("ablate", "ablate.sweeps", "ablate.tune")     # entry points that train, so take SHORT
 # what libraries print on their own (torch's deprecations under DeepSpeed, DeepSpeed's op builds and
