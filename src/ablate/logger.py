@@ -6,7 +6,6 @@ a W&B failure never fails the run: it is noted and the local files carry on.
 from __future__ import annotations
 
 import json
-import math
 import netrc
 import os
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
+from ablate import record
 from ablate.config import LoggerConfig
 
 # logger=<name> -> whether it writes to W&B besides the local files: the one place the choice is decoded
@@ -94,19 +94,6 @@ def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
     return {"name": run_dir.name, "tags": [], "group": None}
 
 
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else str(value)
-    return value
-
-
-def dump_json(path: Path, data) -> None:
-    """Write atomically: a crash mid-write never leaves half a file behind."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 # summary.json figures kept by key (the layout's, the optimizer's): W&B's summary gets them as <key>/<sub>/...
 NESTED_FIGURES = ("mesh", "comm_bytes_by_dim", "optimizer")
 
@@ -180,7 +167,7 @@ class Tracker:
     def log(self, row: Dict[str, object]) -> None:
         if not self.enabled:
             return
-        clean = {k: _jsonable(v) for k, v in row.items()}
+        clean = {k: record.jsonable(v) for k, v in row.items()}
         self.jsonl.write(json.dumps(clean) + "\n")
         self.jsonl.flush()
         if self.wandb is not None:
@@ -223,7 +210,7 @@ class Tracker:
         except Exception:
             pass
 
-    def finish(self, summary: Dict[str, object]) -> None:
+    def finish(self, summary: Dict[str, object], kind: str = "run") -> None:
         if not self.enabled:
             return
         summary.setdefault("notes", {}).update(self.notes)
@@ -235,7 +222,7 @@ class Tracker:
             for key in NESTED_FIGURES:
                 flat.update(flattened(summary.get(key) or {}, f"{key}/"))
             self._guarded("summary", lambda: self.wandb.summary.update(flat))
-        dump_json(self.run_dir / "summary.json", {k: _jsonable(v) for k, v in summary.items()})
+        record.write(self.run_dir, summary, kind)
         self.close()
 
     def close(self, exit_code: int = 0) -> None:

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
-from ablate import units
+from ablate import record, units
 from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
 from ablate.config import arguments as cli
 from ablate.launcher import group
@@ -119,9 +119,7 @@ class Trials:
             lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
             raise ConfigError(f"trial in {trial_dir} failed for a reason other than memory: "
                               f"{lines[-1] if lines else f'exit code {done.returncode}'}")
-        import json
-
-        peak = json.loads((trial_dir / "summary.json").read_text()).get(self.figure)
+        peak = record.load(trial_dir).figure(self.figure)
         if self.budget is None:
             return {"fits": True, "why": "ran", "peak_bytes": peak}
         fits = peak is not None and peak <= self.budget
@@ -240,7 +238,7 @@ def _write(summary: Dict[str, object], cfg, resolved: Dict, choices: Dict[str, s
     tracker = Tracker(cfg.logger, run_dir, resolved, choices, is_main=True)
     for row in summary["trials"]:
         tracker.log({k: v for k, v in row.items() if k != "why"})
-    tracker.finish(summary)
+    tracker.finish(summary, kind="max_batch")
     found = summary["max_batch"]
     if "stopped" in summary:
         return

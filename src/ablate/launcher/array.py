@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from ablate import units
+from ablate import record, units
 from ablate.config import RunFailed
 from ablate.launcher import cluster, slurm
 
@@ -96,11 +96,9 @@ def wait_all(jobs: list, cancel_unrunnable: bool) -> None:
 
 def _figures(run_dir: Path) -> str:
     """The figures a finished task's summary leads with, for its one line."""
-    import json
-
     try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = record.load(Path(run_dir))
+    except record.RecordError:
         return ""
     return "".join(f"{key} {units.fmt(key, summary.get(key))}, " for key in ("loss", "tokens_per_s", "mfu")
                    if summary.get(key) is not None)

@@ -15,6 +15,8 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
+from ablate import record
+
 # keys that never make two runs different arms: repeat axes, bookkeeping, where files go
 NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache",
               "metrics.measure_peak", "launcher.folder",
@@ -152,7 +154,7 @@ def missing(dirs: List[Path]) -> List[str]:
             continue
         for i, run in enumerate(plan if isinstance(plan, list) else [], 1):
             done = [p for p in (Path(d) / str(run.get("sweep"))).glob(f"{i:03d}_r{run.get('repeat')}_*")
-                    if ".incomplete-" not in p.name and (p / "summary.json").is_file()]
+                    if ".incomplete-" not in p.name and record.exists(p)]
             if not done:
                 out.append(f"{run.get('sweep')} #{i}, repeat {run.get('repeat')}: "
                            f"{' '.join(run.get('overrides') or []) or '(the sweep as it is)'}")
@@ -174,17 +176,17 @@ def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
             run_dir = config_path.parent
             if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN or ".incomplete-" in run_dir.name:
                 continue   # (a run a later call of its sweep set aside and ran again: ablate.sweeps)
-            summary_path = run_dir / "summary.json"
-            if not summary_path.exists():
+            if not record.exists(run_dir):
                 unfinished.append(run_dir)
                 continue
             try:
-                summary = json.loads(summary_path.read_text())
-            except (OSError, ValueError) as e:   # truncated or damaged: named, and the rest still reported
-                print(f"ablate.report: warning: {summary_path} cannot be read ({type(e).__name__}: {e}); that run "
-                      "is left out", file=sys.stderr)
+                summary = record.load(run_dir)
+            except record.RecordError as e:   # truncated or damaged: named, and the rest still reported
+                print(f"ablate.report: warning: {e}; that run is left out", file=sys.stderr)
                 continue
-            runs.append(Run(run_dir, summary, _load(config_path)))
+            if summary.kind != "run":   # a batch search's own record (C5 keeps it inside its arm's run)
+                continue
+            runs.append(Run(run_dir, summary.data, _load(config_path)))
     return runs, unfinished
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ablate import record
 from ablate.config import ConfigError
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
@@ -85,7 +86,7 @@ def quiet(title: str, max_wait_s: float) -> None:
 
 def unfinished(runs, root: Path, extra: List[str]) -> int:
     """How many of the plan's runs have no summary in `root` yet."""
-    return sum(not (run_dir_of(root, i, name, r, _label(combo, extra)) / "summary.json").exists()
+    return sum(not record.exists(run_dir_of(root, i, name, r, _label(combo, extra)))
                for i, (name, combo, r) in enumerate(runs, 1))
 
 
@@ -121,7 +122,7 @@ def resume_point(run_dir: Path) -> str:
     """A run dir from an earlier call of this sweep: '' (run it), or why it is not run now. A finished run is
     kept; one that did not finish is set aside as <dir>.incomplete-N (never deleted) and run again; one a
     live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
-    if (run_dir / "summary.json").exists():
+    if record.exists(run_dir):
         return "finished in an earlier call: kept"
     if not run_dir.exists():
         return ""
@@ -169,8 +170,7 @@ def claim_dir(root: Path, runs) -> str:
 def mark_rerun(original: Path, rerun: Path, reason: str) -> None:
     """The outlier keeps its figures and says where its rerun is; the rerun says what it replaces."""
     for path, keys in ((original, {"rerun_as": rerun.name, "outlier": reason}), (rerun, {"rerun_of": original.name})):
-        summary = json.loads((path / "summary.json").read_text())
-        (path / "summary.json").write_text(json.dumps({**summary, **keys}, indent=2))
+        record.update(path, **keys)
 
 
 def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, str], run_timeout, until,
@@ -201,8 +201,8 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
     """A sweep's `batch_search` (C5's "batch x4"): the largest batch that fits under this arm's config, found
     by `python -m ablate.maxbatch` in <run dir>/max_batch, and written into the run's summary as `max_batch`.
     On a GPU an out-of-memory error decides; on a CPU the spec's `cpu_mem_budget_gb` (peak RSS) does."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    on_cpu = not str(summary.get("device", "cpu")).startswith("cuda")
+    summary = dict(record.load(run_dir))
+    on_cpu = not record.load(run_dir).device.startswith("cuda")
     spec = {k: v for k, v in spec.items() if v is not None and k != "cpu_mem_budget_gb"} | (
         {"mem_budget_gb": spec["cpu_mem_budget_gb"]} if on_cpu and spec.get("cpu_mem_budget_gb") else {})
     options = [f"--{k.replace('_', '-')}={v}" for k, v in spec.items()]
@@ -213,10 +213,10 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
            f"hydra.run.dir={search_dir}", f"sweep.repeat={repeat}"]
     result = run_bounded(cmd, env, timeout)
     if result.returncode == 0:
-        found = json.loads((search_dir / "summary.json").read_text())
+        found = record.load(search_dir)
         summary["max_batch"] = found["max_batch"]
         summary["max_batch_search"] = {k: found[k] for k in ("fit_rule", "figure", "search", "limit_reached")}
         summary["max_batch_search"].update(dir=str(search_dir), trials=len(found["trials"]))
-        summary.setdefault("notes", {}).update(found.get("notes") or {})
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary.setdefault("notes", {}).update(found.notes)
+        record.write(run_dir, summary)
     return result

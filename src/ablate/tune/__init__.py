@@ -9,7 +9,6 @@ device time spent on it. A trial that runs out of memory is recorded as `oom`, n
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ablate import record
 from ablate.config import ConfigError
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
@@ -95,13 +95,11 @@ def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[flo
     done = group.run(command, timeout=timeout, grace_s=STEP_GRACE_S if job_step else 0,
                      then="the same command continues the tune")
     trial.seconds, trial.run_dir = round(time.monotonic() - started, 1), str(run_dir)
-    summary_path = run_dir / "summary.json"
-    if done.returncode == 0 and summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        trial.objective, trial.mem_peak_bytes = summary.get(objective), summary.get("mem_peak_bytes")
+    if done.returncode == 0 and record.exists(run_dir):
+        summary = record.load(run_dir)
+        trial.objective, trial.mem_peak_bytes = summary.figure(objective), summary.mem_peak_bytes
         if trial.objective is None:
-            trial.state, trial.reason = "failed", (summary.get("notes") or {}).get(objective,
-                                                                                    f"no {objective} recorded")
+            trial.state, trial.reason = "failed", summary.notes.get(objective, f"no {objective} recorded")
         return trial
     lines = [ln for ln in (done.stderr or "").strip().splitlines() if ln.strip()]
     trial.reason = lines[-1][:300] if lines else f"exit code {done.returncode}"

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from ablate import units
+from ablate import record, units
 from ablate.compose import config_dir_override
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.config import arguments as cli
@@ -192,8 +192,8 @@ def write_workspace(d: Path, trials: List[Trial], knobs: List[str], objective: s
     """D/wandb_workspace.json when the trials were logged to W&B (their summary names a group)."""
     where: Dict[str, object] = {"groups": []}
     for t in trials:
-        path = Path(t.run_dir or "/nonexistent") / "summary.json"
-        summary = json.loads(path.read_text()) if t.state == "complete" and path.is_file() else {}
+        path = record.path_of(Path(t.run_dir or "/nonexistent"))
+        summary = record.load(path.parent) if t.state == "complete" and path.is_file() else {}
         group = (summary.get("wandb") or {}).get("group")
         if group and group not in where["groups"]:
             logger = (yaml.safe_load((path.parent / "config.yaml").read_text()) or {}).get("logger") or {}

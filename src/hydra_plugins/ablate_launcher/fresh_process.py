@@ -26,6 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from ablate import record
 from ablate.config import RunStopped, exit_code_of
 from ablate.launcher import group
 
@@ -98,7 +99,7 @@ def earlier_call(run_dir: Path) -> Optional[str]:
     checkpoint is set aside as <dir>.incomplete-N (kept for a look; the report skips it) and runs again."""
     from ablate.train import guards
 
-    if (run_dir / "summary.json").is_file():
+    if record.exists(run_dir):
         return "finished"
     if any((run_dir / d / "meta.pt").is_file() for d in ("checkpoint", "checkpoint.prev")):
         return "stopped"
@@ -128,13 +129,10 @@ def job_result(code: int, run_dir: Path, cfg: DictConfig):
     """(status, return value) of a finished job: its objective (`metrics.objective`, a summary.json figure),
     which a Hydra sweeper such as hydra-optuna-sweeper optimises; a failed or refused job is FAILED with its
     reason (the sweeper records the trial as failed and goes on)."""
-    import json
-
     key = cfg.metrics.get("objective", "tokens_per_s")
-    summary = run_dir / "summary.json"
     if code != 0:
         return JobStatus.FAILED, RuntimeError(f"the job exited {code} (its error line is above; {run_dir})")
-    value = json.loads(summary.read_text()).get(key) if summary.exists() else None   # none: a Slurm point prepared
+    value = record.load(run_dir).figure(key) if record.exists(run_dir) else None   # none: a Slurm point prepared
     return JobStatus.COMPLETED, float(value) if value is not None else None
 
 
