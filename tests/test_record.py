@@ -1,9 +1,9 @@
-"""A run's record (ablate/record.py), in process (~0 s): one writer, one loader, a schema version."""
+"""A run's record (ablate/config/record.py), in process (~0 s): one writer, one loader, a schema version."""
 import json
 
 import pytest
 
-from ablate import record
+from ablate.config import record
 
 
 def test_written_whole_with_its_schema_and_read_back_with_figures_by_key(tmp_path):

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
-from ablate import record
-from ablate.config import LoggerConfig
+from ablate.config import LoggerConfig, record
 
 # logger=<name> -> whether it writes to W&B besides the local files: the one place the choice is decoded
 REGISTRY = {"wandb": True, "none": False}

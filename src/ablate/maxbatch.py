@@ -25,8 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
-from ablate import record, units
-from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
+from ablate import units
+from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of, record
 from ablate.config import arguments as cli
 from ablate.launcher import group
 

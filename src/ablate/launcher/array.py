@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from ablate import record, units
-from ablate.config import RunFailed
+from ablate import units
+from ablate.config import RunFailed, record
 from ablate.launcher import cluster, slurm
 
 

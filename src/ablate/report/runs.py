@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from ablate import record
+from ablate.config import record
 
 # keys that never make two runs different arms: repeat axes, bookkeeping, where files go
 NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache",

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ablate import record
-from ablate.config import ConfigError
+from ablate.config import ConfigError, record
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 

@@ -26,8 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from ablate import record
-from ablate.config import RunStopped, exit_code_of
+from ablate.config import RunStopped, exit_code_of, record
 from ablate.launcher import group
 
 log = logging.getLogger(__name__)
