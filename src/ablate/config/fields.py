@@ -2,6 +2,7 @@
 group's `__post_init__`) and one-of-these choices (`choice`)."""
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
@@ -55,12 +56,16 @@ def check_ranges(node, group: str) -> None:
 def user_object(key: str, dotted: str):
     """A `_target_` (model._target_, optim._target_) imported as Hydra's instantiate would, from the user's path
     (the working directory, PYTHONPATH); one line naming the key and the cause when it cannot be."""
-    # imported here: the readers of run dirs (report/) import config/ without Hydra; get_object would also log
-    from hydra._internal.utils import _locate
+    # imported here: the readers of run dirs (report/) import config/ without Hydra
+    from hydra.utils import get_object
 
+    said = logging.getLogger("hydra.utils")   # get_object logs the failure itself: the one line below says it
+    was, said.disabled = said.disabled, True
     try:
-        return _locate(dotted)
+        return get_object(dotted)
     except Exception as e:
         cause = e.__cause__ or e
         why = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if str(cause) else type(cause).__name__
         raise ConfigError(f"{key}={dotted}: cannot import it ({why}); is its module on PYTHONPATH?") from None
+    finally:
+        said.disabled = was

@@ -1,0 +1,36 @@
+"""Sharded state (DTensor parameters: FSDP2's shards, tensor parallelism) saved and loaded by each rank for its own
+shards with torch.distributed.checkpoint (DCP), no gather on rank 0. Imported by the runs that shard only."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+
+def save(model, optimizer, where: Path) -> None:
+    model_state, optim_state = get_state_dict(model, optimizer)
+    with plain_errors():
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(where))
+
+
+def load(model, optimizer, where: Path) -> None:
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    with plain_errors():
+        dcp.load(state, checkpoint_id=str(where))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+@contextlib.contextmanager
+def plain_errors():
+    """DCP gathers every rank's failure into one CheckpointException, which derives from BaseException (so
+    `except Exception` misses it) and prints each rank's traceback: raise the root cause instead, the same on
+    every rank, an OSError first (a full disk says ENOSPC on the rank that hit it, "unexpected pos" elsewhere)."""
+    try:
+        yield
+    except CheckpointException as e:
+        causes = [exc for exc, _trace in (e.failures[r] for r in sorted(e.failures))]
+        raise next((c for c in causes if isinstance(c, OSError)), causes[0] if causes else OSError(str(e))) from None
