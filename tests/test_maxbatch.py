@@ -78,8 +78,8 @@ def test_on_cuda_the_allocator_decides_not_ablates_estimate(tmp_path):
     CUDA OOM (where expandable segments make the difference) decides; on a CPU the estimate stays."""
     from ablate.maxbatch import Trials
 
-    assert "train.skip_memory_check=true" in Trials([], tmp_path, None, 4, cuda=True).command(64, tmp_path)
-    assert "train.skip_memory_check=true" not in Trials([], tmp_path, None, 4, cuda=False).command(64, tmp_path)
+    assert "train.skip_memory_check=true" in Trials([], tmp_path, None, 4, cuda=True).overrides_at(64)
+    assert "train.skip_memory_check=true" not in Trials([], tmp_path, None, 4, cuda=False).overrides_at(64)
 
 
 @pytest.mark.slow

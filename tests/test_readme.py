@@ -153,6 +153,10 @@ def test_the_documented_grid_reported_gives_every_exact_figure_and_each_cell(use
     md = (grid / "report.md").read_text()
     assert "Each cell (the central value of its runs):" in md and md.count("| 1 | ") == 4
     assert list(grid.glob("*.effects.png"))
+    # one runtime: a single run (the README's first command) and a -m job record the same keys
+    (single,) = run_dirs(TYPED["python -m ablate"].stderr)
+    cell = json.loads(next(grid.glob("*/summary.json")).read_text())
+    assert set(json.loads((user[0] / single / "summary.json").read_text())) == set(cell)
 
 
 C3_SWEEP = "python -m ablate.sweeps c3_no_sync --repeats auto --max-repeats 3 --dir sweeps_out/c3 -- logger=none"

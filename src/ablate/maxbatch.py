@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 from ablate import units
-from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of, record
+from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
 from ablate.config import arguments as cli
 from ablate.launcher import group
 
@@ -90,36 +90,36 @@ class Trials:
         self.figure = "mem_reserved_bytes" if cuda else "mem_peak_bytes"
         self.log: List[Dict[str, object]] = []
 
-    def command(self, batch: int, trial_dir: Path) -> List[str]:
-        command = [sys.executable, "-m", "ablate", *self.overrides, f"train.batch_size={batch}",
+    def overrides_at(self, batch: int) -> List[str]:
+        command = [*self.overrides, f"train.batch_size={batch}",
                    "train.global_batch_size=null", f"train.steps={self.steps}", "train.warmup_steps=1",
-                   "train.checkpoint_every=0", "metrics.gemm_probe=false", "logger=none",
-                   f"hydra.run.dir={trial_dir}"]
+                   "train.checkpoint_every=0", "metrics.gemm_probe=false", "logger=none"]
         if self.cuda:   # CUDA's own OOM decides: ablate's static estimate is one figure for both allocators
             command.append("train.skip_memory_check=true")
         return command
 
     def __call__(self, batch: int) -> bool:
         trial_dir = self.run_dir / "max_batch_trials" / f"batch_{batch:05d}"
-        command = self.command(batch, trial_dir)
+        command = self.overrides_at(batch)
         started = time.monotonic()
-        done = group.run(command, keep_stdout=True)   # a stop (Stopped, below) kills the trial's whole group
+        # a stop (Stopped, below) kills the trial's whole group
+        done, found = group.run_ablate(command, trial_dir, keep_stdout=True)
         row = {"trial": len(self.log) + 1, "batch_size": batch, "seconds": round(time.monotonic() - started, 2),
-               **self._judge(done, trial_dir)}
+               **self._judge(done, trial_dir, found)}
         self.log.append(row)
         peak = f", peak {units.fmt('bytes', row['peak_bytes'])}" if row.get("peak_bytes") else ""
         print(f"trial {row['trial']}: batch {batch}: {'fits' if row['fits'] else 'does not fit'} "
               f"({row['why']}{peak}, {row['seconds']:.1f} s)", flush=True)
         return bool(row["fits"])
 
-    def _judge(self, done: subprocess.CompletedProcess, trial_dir: Path) -> Dict[str, object]:
+    def _judge(self, done: subprocess.CompletedProcess, trial_dir: Path, found) -> Dict[str, object]:
         if done.returncode != 0:
             if group.out_of_memory(done):
                 return {"fits": False, "why": "out of memory" if done.returncode not in (-9, 137) else "killed (OOM)"}
             lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
             raise ConfigError(f"trial in {trial_dir} failed for a reason other than memory: "
                               f"{lines[-1] if lines else f'exit code {done.returncode}'}")
-        peak = record.load(trial_dir).figure(self.figure)
+        peak = found.figure(self.figure)
         if self.budget is None:
             return {"fits": True, "why": "ran", "peak_bytes": peak}
         fits = peak is not None and peak <= self.budget

@@ -9,9 +9,11 @@ import contextlib
 import os
 import signal
 import subprocess
-from typing import Dict, List, Optional
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ablate.config import RunStopped
+from ablate.config import RunStopped, record
 
 STOP_GRACE_S = 120   # a stopped caller waits this long for its child to checkpoint and end, then kills it
 
@@ -91,6 +93,16 @@ def run(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: Optional[
         proc.wait()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_ablate(args: List[str], run_dir: Path, module: str = "ablate", prefix: Sequence[str] = (),
+               **how) -> Tuple[subprocess.CompletedProcess, Optional[record.Record]]:
+    """`python -m ablate ARGS hydra.run.dir=RUN_DIR` (or another entry point: `module`, e.g. ablate.maxbatch) as a
+    child, run() above with its options (`how`), after `prefix` (a Slurm job step's `srun ...`): its result and the
+    record it left (None when it failed or left none). The one way a sweep, a tune or a batch search runs ablate."""
+    done = run([*prefix, sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}"], **how)
+    found = record.load(run_dir) if done.returncode == 0 and record.exists(run_dir) else None
+    return done, found
 
 
 OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "needs about")   # CUDA's OOM; ablate's memory guard

@@ -23,11 +23,12 @@ from ablate.train import guards
 SWEEP_STOPPED = "it is set aside as unfinished; the same command continues the sweep"
 
 
-def run_bounded(cmd: List[str], env: Dict[str, str], timeout: Optional[float],
-                grace_s: float = 0) -> subprocess.CompletedProcess:
-    """One arm (or its batch search) in its own process group (launcher/group.py): past `timeout` the whole
+def run_bounded(args: List[str], run_dir: Path, env: Dict[str, str], timeout: Optional[float],
+                grace_s: float = 0, **where) -> subprocess.CompletedProcess:
+    """One arm (or its batch search: `module`) in its own process group (group.run_ablate): past `timeout` the whole
     group is killed and the run is named as timed out, while the sweep goes on."""
-    result = group.run(cmd, env, timeout, grace_s, then=SWEEP_STOPPED)
+    result, _ = group.run_ablate(args, run_dir, env=env, timeout=timeout, grace_s=grace_s, then=SWEEP_STOPPED,
+                                 **where)
     if result.returncode == 124 and timeout is not None:
         result.stderr += " (--run-timeout)"
     return result
@@ -183,10 +184,9 @@ def run_one(name: str, combo: List[str], r: int, run_dir: Path, env: Dict[str, s
     root = run_dir.parent.parent
     group = [] if any(o.startswith("logger.group=") for o in combo) else [f"logger.group='{name}-{root.name}'"]
     step = steps.prefix(combo, f"ablate-{run_dir.name}") if steps else []
-    cmd = [*step, sys.executable, "-m", "ablate", *combo, "hydra.mode=RUN", f"hydra.run.dir={run_dir}",
-           f"sweep.repeat={r}", *group]
     t0 = time.monotonic()
-    result = run_bounded(cmd, env, timeout, grace_s=STEP_GRACE_S if step else 0)
+    result = run_bounded([*combo, "hydra.mode=RUN", f"sweep.repeat={r}", *group], run_dir, env, timeout,
+                         grace_s=STEP_GRACE_S if step else 0, prefix=step)
     spec = load(name).get("sweep", {}).get("batch_search")
     if result.returncode == 0 and spec:   # the search shares its arm's time: the run's limit and --until
         left_for_search = None if timeout is None else timeout - (time.monotonic() - t0)
@@ -208,9 +208,8 @@ def batch_search(spec: Dict, combo: List[str], repeat: int, run_dir: Path, env: 
     search_dir = run_dir / "max_batch"
     if timeout is not None and timeout < 5:
         return subprocess.CompletedProcess([], 124, None, "no time left for the batch search (--run-timeout/--until)")
-    cmd = [sys.executable, "-m", "ablate.maxbatch", *options, "--", *combo, "hydra.mode=RUN",
-           f"hydra.run.dir={search_dir}", f"sweep.repeat={repeat}"]
-    result = run_bounded(cmd, env, timeout)
+    result = run_bounded([*options, "--", *combo, "hydra.mode=RUN", f"sweep.repeat={repeat}"], search_dir, env, timeout,
+                         module="ablate.maxbatch")
     if result.returncode == 0:
         found = record.load(search_dir)
         summary["max_batch"] = found["max_batch"]

@@ -10,13 +10,12 @@ device time spent on it. A trial that runs out of memory is recorded as `oom`, n
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ablate.config import ConfigError, record
+from ablate.config import ConfigError
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 
@@ -89,13 +88,12 @@ def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[flo
               job_step: List[str] = ()) -> Trial:
     """One trial in a fresh process (its own process group: a stopped tune stops all of it), judged; with
     `job_step` (an `srun ...` prefix), a job step of the tune's Slurm allocation."""
-    command = [*job_step, sys.executable, "-m", "ablate", *trial.overrides, f"hydra.run.dir={run_dir}"]
     started = time.monotonic()
-    done = group.run(command, timeout=timeout, grace_s=STEP_GRACE_S if job_step else 0,
-                     then="the same command continues the tune")
+    done, summary = group.run_ablate(trial.overrides, run_dir, prefix=job_step, timeout=timeout,
+                                     grace_s=STEP_GRACE_S if job_step else 0,
+                                     then="the same command continues the tune")
     trial.seconds, trial.run_dir = round(time.monotonic() - started, 1), str(run_dir)
-    if done.returncode == 0 and record.exists(run_dir):
-        summary = record.load(run_dir)
+    if summary is not None:
         trial.objective, trial.mem_peak_bytes = summary.figure(objective), summary.mem_peak_bytes
         if trial.objective is None:
             trial.state, trial.reason = "failed", summary.notes.get(objective, f"no {objective} recorded")
