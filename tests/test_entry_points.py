@@ -8,7 +8,7 @@ import pytest
 from ablate.baseline.__main__ import main as baseline_main
 from ablate.maxbatch import main as maxbatch_main
 from ablate.plan import main as plan_main
-from ablate.report import runs as R
+from ablate.report import plan
 from ablate.report.cli import main as report_main
 from ablate.sweeps.__main__ import main as sweeps_main
 from ablate.tune.__main__ import main as tune_main
@@ -66,10 +66,10 @@ def test_a_half_finished_sweeps_report_lists_what_is_missing(tmp_path):
 
     (tmp_path / "plan.json").write_text(json.dumps([{"sweep": "c3", "overrides": ["parallel=ddp"], "repeat": 0},
                                                     {"sweep": "c3", "overrides": ["parallel=ddp_sync"], "repeat": 0}]))
-    done = R.run_dir_of(tmp_path, 1, "c3", 0, "parallel=ddp")
+    done = plan.run_dir_of(tmp_path, 1, "c3", 0, "parallel=ddp")
     done.mkdir(parents=True)
     (done / "summary.json").write_text("{}")
-    assert R.missing([tmp_path]) == ["c3 #2, repeat 0: parallel=ddp_sync"]
+    assert plan.missing([tmp_path]) == ["c3 #2, repeat 0: parallel=ddp_sync"]
 
 
 @pytest.mark.slow

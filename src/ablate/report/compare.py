@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.report import arithmetic, effects, noise, outliers, sequential, stats, table, waterfall
+from ablate.report import arithmetic, effects, noise, outliers, plan, sequential, stats, table, waterfall
 from ablate.report import output as report_output
 from ablate.report import runs as R
 
@@ -266,7 +266,7 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
     flagged = outliers.find(groups)
     checks = [check(g, spec, mixed_hardware, flagged, level) for g in groups
               for spec in [*g.sweep.get("checks", []), *collected_checks(g)]]
-    return {"runs": runs, "unfinished": unfinished, "missing": R.missing(dirs), "groups": groups, "checks": checks,
+    return {"runs": runs, "unfinished": unfinished, "missing": plan.missing(dirs), "groups": groups, "checks": checks,
             "outliers": flagged,
             "factorials": effects.find(runs), "stacks": waterfall.find(runs),
             "noise_floor": noise.floor(groups, checks, flagged),

@@ -16,7 +16,7 @@ from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 from ablate.metrics import host
 from ablate.report import outliers
-from ablate.report.runs import PLAN_FILE, run_dir_of  # where the i-th run of a plan goes: one rule, the report's
+from ablate.report.plan import PLAN_FILE, run_dir_of  # where the i-th run of a plan goes: one rule, the report's
 from ablate.sweeps import _label, load
 from ablate.train import guards
 

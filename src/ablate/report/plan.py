@@ -1,0 +1,37 @@
+"""An ablate.sweeps call's plan (D/plan.json: every run, in order) as the report reads it: where the i-th run goes
+(the one rule sweeps/runner.py writes by), and which planned runs left no record."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import List
+
+from ablate.config import record
+
+
+def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
+    """Where an ablate.sweeps call puts the i-th run of its plan (sweeps/runner.py writes there, the report
+    looks there for what is missing)."""
+    return root / name / f"{i:03d}_r{r}_{re.sub(r'[^A-Za-z0-9.+-]+', '-', label)[:60]}"
+
+
+PLAN_FILE = "plan.json"   # an ablate.sweeps call's runs, in order (sweeps/runner.py)
+
+
+def missing(dirs: List[Path]) -> List[str]:
+    """The runs an ablate.sweeps call planned in these folders (their plan.json) that have no summary.json: never
+    started, stopped, or failed; each as `<sweep> #i, repeat r: <overrides>`."""
+    out = []
+    for d in dirs:
+        try:
+            plan = json.loads((Path(d) / PLAN_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        for i, run in enumerate(plan if isinstance(plan, list) else [], 1):
+            done = [p for p in (Path(d) / str(run.get("sweep"))).glob(f"{i:03d}_r{run.get('repeat')}_*")
+                    if ".incomplete-" not in p.name and record.exists(p)]
+            if not done:
+                out.append(f"{run.get('sweep')} #{i}, repeat {run.get('repeat')}: "
+                           f"{' '.join(run.get('overrides') or []) or '(the sweep as it is)'}")
+    return out
