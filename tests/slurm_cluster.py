@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Dict
 
 from conftest import REPO, read_jsonl, run_cli
 
@@ -66,10 +67,21 @@ def submit_and_wait_for_metrics(job_args, steps: int, run_dir: Path):
     return job, metrics, deadline
 
 
+PENDING_SINCE: Dict[str, float] = {}
+# Slurm's credentials are stamped in whole seconds: a requeued job started again within the second its previous
+# attempt's credential was revoked is killed as "Job credential revoked" (exit 1, nothing logged; a loaded host's
+# CI met it). Slurm's own ~2 min BeginTime avoids it; the tests wait this long instead.
+REQUEUE_SETTLE_S = 3.0
+
+
 def release_requeue_hold(job: str) -> None:
-    """Slurm holds a requeued job ~2 min (BeginTime), and holds one whose launch failed: release it now."""
+    """Slurm holds a requeued job ~2 min (BeginTime), and holds one whose launch failed: release it once it has
+    been pending REQUEUE_SETTLE_S."""
     state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
-    if state == "PENDING":
+    if state != "PENDING":
+        PENDING_SINCE.pop(job, None)
+        return
+    if time.monotonic() - PENDING_SINCE.setdefault(job, time.monotonic()) >= REQUEUE_SETTLE_S:
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         subprocess.run(["scontrol", "release", job], capture_output=True)
 
