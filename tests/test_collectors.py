@@ -68,3 +68,25 @@ def test_the_docs_show_the_collector_the_tests_run():
 
     doc = (REPO / "docs" / "collectors.md").read_text()
     assert re.search(r"```python\n(.*?)```", doc, re.S).group(1) == (USER_DIR / "mycollectors.py").read_text()
+
+
+def test_each_built_in_figure_is_one_collectors_and_hooks_cost_only_where_used():
+    """ablate's own figures (metrics/meter.py): a key two collectors give is refused as a bug; the meter calls a
+    hook per step only on the collectors that do something there (~0 s)."""
+    from ablate.metrics.collectors import BuiltIn, Span
+    from ablate.metrics.comm import Comm
+    from ablate.metrics.health import Health
+    from ablate.metrics.memory import Memory
+    from ablate.metrics.meter import Meter
+    from ablate.metrics.throughput import Throughput
+
+    class Tokens(BuiltIn):
+        def summary(self, span):
+            return {"tokens_per_s": 1.0}
+
+    meter = Meter.__new__(Meter)
+    meter.calls = {"summary": [Tokens().summary, Tokens().summary]}
+    with pytest.raises(RuntimeError, match="tokens_per_s"):
+        meter._gather("summary", Span(1.0, 1))
+    assert Health.overrides("on_micro") and not Throughput.overrides("on_micro") and not Comm.overrides("on_micro")
+    assert not Memory.overrides("step_ends") and not Memory.overrides("step_begins")

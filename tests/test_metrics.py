@@ -85,7 +85,7 @@ def test_fragmentation_from_hand_made_stats():
 
 
 def test_mfu_above_one_is_removed_and_kept_with_its_reason():
-    from ablate.metrics.meter import invalid_utilizations
+    from ablate.metrics.throughput import invalid_utilizations
 
     figures = {"mfu": 3.46, "hfu": 3.5, "mfu_vs_measured_peak": 0.4, "mfu_vs_datasheet_peak": None}
     invalid = invalid_utilizations(figures, "measured")

@@ -1,3 +1,4 @@
-"""Measurement: FLOPs/MFU (flops.py), memory and fragmentation (memory.py), step and phase timing
-(timing.py), steady-state speed and stalls from the median step (steady.py), the peak (peak.py),
-communication (comm.py), traces (profile.py, overlap.py), all gathered by meter.py at log steps."""
+"""Measurement: each figure is one collector (collectors.py's BuiltIn), the meter (meter.py) keeps the measuring
+window and lists them: health.py, throughput.py (FLOPs in flops.py, the peak in peak.py, steady-state speed and
+stalls from the median step in steady.py), timing.py, comm.py, memory.py, gpu_util.py, host.py. A user's own
+collectors: collectors.py. Traces: profile.py, overlap.py."""

@@ -40,6 +40,64 @@ class Collector:
         return {}
 
 
+@dataclass
+class Span:
+    """The measured steps a figure covers: one interval between log steps, or the whole run."""
+    seconds: float
+    steps: int
+
+
+class BuiltIn:
+    """One of ablate's own figures, one concern each (metrics/meter.py lists them in `built_in`). Beside a user's
+    collector it sees the measuring window the meter keeps (warm-up and traced steps are not measured). The meter
+    calls, each a no-op here:
+    - `on_micro(loss)` after each micro-batch; `step_begins(step)` as a measured step begins; `step_ends(grad_norm)`
+      after every optimizer step (nothing here syncs the device);
+    - `start()` when the measured steps start; `mark()` when an interval of measured steps starts;
+      `interval(span)` when it ends, the device synchronised: its figures for the log row, added to `totals`;
+    - `logged()` at every log step, measured or not: figures for the row;
+    - `summary(span)` at the end: the run's figures from `totals`; `close()`.
+    `totals` (numbers, lists, dicts) are kept in each checkpoint: a resumed run's figures cover every attempt."""
+
+    def __init__(self):
+        self.totals: Dict[str, Any] = {}
+
+    def resume(self, totals: Dict[str, Any]) -> None:
+        self.totals.update({k: v for k, v in totals.items() if k in self.totals})
+
+    def on_micro(self, loss: torch.Tensor) -> None:
+        pass
+
+    def step_begins(self, step: int) -> None:
+        pass
+
+    def step_ends(self, grad_norm: Optional[torch.Tensor]) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def mark(self) -> None:
+        pass
+
+    def interval(self, span: Span) -> Dict[str, Any]:
+        return {}
+
+    def logged(self) -> Dict[str, Any]:
+        return {}
+
+    def summary(self, span: Span) -> Dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    @classmethod
+    def overrides(cls, hook: str) -> bool:
+        """This collector does something on `hook` (the meter calls only those: no empty call per step)."""
+        return getattr(cls, hook) is not getattr(BuiltIn, hook)
+
+
 def check(specs: List[Any]) -> List[tuple]:
     """`metrics.collectors` as (key, class, arguments), each importable and with the two methods: one line naming
     the entry when one is not (said before any rank starts)."""

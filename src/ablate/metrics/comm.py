@@ -17,11 +17,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Dict, Optional
+import time
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+
+from ablate.metrics import steady
+from ablate.metrics.collectors import BuiltIn, Span
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather",
                "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter",
@@ -131,3 +135,49 @@ def mean_across_ranks(value, env):
     with paused():
         dist.all_reduce(value)
     return value / env.world_size
+
+
+class Comm(BuiltIn):
+    """The collectives the strategy issued per measured step (bytes, calls, bytes by mesh dim), and the host time
+    each step spent before its first one (a rank that is late to it holds the others up: steady.py's stalls)."""
+
+    def __init__(self, counter: CollectiveCounter, layout):
+        super().__init__()
+        self.counter, self.layout = counter, layout
+        self.totals = dict(comm_bytes=0, comm_calls=0, comm_by_dim={})
+        self.before_comm: List[tuple] = []   # per measured step: (step, host seconds before its first collective)
+        self._step, self._host_t0 = 0, None
+
+    def step_begins(self, step: int) -> None:
+        self._step = step
+        self.counter.first_at = None       # the step's first collective is stamped by the counter
+        self._host_t0 = time.perf_counter()
+
+    def step_ends(self, grad_norm) -> None:
+        if self._host_t0 is not None:
+            self.before_comm.append((self._step, (self.counter.first_at or time.perf_counter()) - self._host_t0))
+            self._host_t0 = None
+
+    def mark(self) -> None:
+        self._bytes0, self._calls0 = self.counter.bytes, self.counter.calls
+        self._by_dim0 = dict(self.counter.by_dim)
+
+    def interval(self, span: Span) -> Dict[str, float]:
+        sent, calls = self.counter.bytes - self._bytes0, self.counter.calls - self._calls0
+        self.totals["comm_bytes"] += sent
+        self.totals["comm_calls"] += calls
+        by_dim = self.totals["comm_by_dim"]
+        for dim, n in self.counter.by_dim.items():
+            by_dim[dim] = by_dim.get(dim, 0) + n - self._by_dim0.get(dim, 0)
+        return {"comm_bytes_per_step": sent / max(span.steps, 1), "comm_calls_per_step": calls / max(span.steps, 1)}
+
+    def summary(self, span: Span) -> Dict[str, object]:
+        t = self.totals
+        return {"comm_bytes_per_step": t["comm_bytes"] / span.steps,
+                "comm_calls_per_step": t["comm_calls"] / span.steps,
+                "comm_bytes_by_dim": {d: t["comm_by_dim"].get(d, 0) / span.steps for d in self.layout.active_dims()},
+                "compute_before_comm_s": steady.median_or_none([s for _, s in self.before_comm])}
+
+    def slowest_before_comm(self, count: int = 8) -> List[List[float]]:
+        """This rank's longest waits before its first collective, [step, seconds]: who held a stall up."""
+        return [list(p) for p in sorted(self.before_comm, key=lambda p: p[1], reverse=True)[:count]]

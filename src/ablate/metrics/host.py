@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Tuple
 
 import psutil
 
+from ablate.metrics.collectors import BuiltIn
+
 # other processes using a quarter of the host's CPU: enough to move a CPU run's speed well past this
 # machine's run-to-run noise (identical runs differ up to 15x under full load)
 BUSY_FRAC = 0.25
@@ -56,10 +58,12 @@ def own_cpu_seconds() -> float:
     return total
 
 
-class HostLoad:
-    """Started when the measured steps start, read when they end (each rank: its own CPU seconds)."""
+class HostLoad(BuiltIn):
+    """Started when the measured steps start, read when they end (each rank: its own CPU seconds; the trainer
+    gathers every rank's `rank_figures` into summary.json's `host_load`)."""
 
     def __init__(self):
+        super().__init__()
         self.start_jiffies: Optional[Tuple[int, int]] = None
         self.start_own = 0.0
         self.load_start: Optional[float] = None

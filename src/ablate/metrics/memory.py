@@ -19,6 +19,8 @@ from typing import Dict, Optional
 
 import torch
 
+from ablate.metrics.collectors import BuiltIn, Span
+
 CUDA_KEYS = ("allocated_bytes.all.peak", "active_bytes.all.peak", "reserved_bytes.all.peak",
              "requested_bytes.all.peak", "inactive_split_bytes.all.peak", "reserved_bytes.all.current",
              "num_alloc_retries", "num_ooms")
@@ -92,3 +94,40 @@ def cpu_interval(peak_rss: PeakRss) -> Dict[str, object]:
 
 def interval(device: torch.device, peak_rss: PeakRss) -> Dict[str, object]:
     return cuda_interval(device) if device.type == "cuda" else cpu_interval(peak_rss)
+
+
+class Memory(BuiltIn):
+    """Each log row's memory (its interval's peaks: CUDA's allocator, or the peak RSS on a CPU); the summary's are
+    the run's (the max over intervals), with fragmentation and its inputs on CUDA."""
+
+    def __init__(self, device: torch.device, notes: Dict[str, str]):
+        super().__init__()
+        self.device, self.peak_rss = device, PeakRss()
+        self.max: Dict[str, Optional[int]] = {}
+        self.last: Dict[str, object] = {}
+        if device.type != "cuda":
+            notes["fragmentation"] = NO_CUDA_REASON
+            notes["mem_reserved_bytes"] = "no CUDA caching allocator on a CPU; mem_peak_bytes is peak RSS"
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)   # peaks of the measured steps only
+
+    def logged(self) -> Dict[str, object]:
+        self.last = interval(self.device, self.peak_rss)
+        for k, v in self.last.items():   # whole-run peaks: the max over intervals
+            if k.endswith(".peak") or k in ("mem_peak_bytes", "mem_reserved_bytes"):
+                self.max[k] = max(self.max.get(k) or 0, v or 0) if v is not None else None
+        return dict(self.last)
+
+    def summary(self, span: Span) -> Dict[str, object]:
+        m = self.max
+        out = {"mem_peak_bytes": m.get("mem_peak_bytes"), "mem_reserved_bytes": m.get("mem_reserved_bytes")}
+        if self.device.type != "cuda":
+            return {**out, "fragmentation": None, "inactive_split_frac": None}
+        stats = {k[len("mem/"):]: v for k, v in m.items() if k.startswith("mem/")}
+        out.update(fragmentation(stats))
+        out.update({f"mem_{k.split('.')[0]}": v for k, v in stats.items()})
+        out["mem_num_alloc_retries"] = self.last.get("mem/num_alloc_retries")
+        out["mem_num_ooms"] = self.last.get("mem/num_ooms")
+        return out

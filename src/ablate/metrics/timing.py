@@ -11,6 +11,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ablate.metrics.collectors import BuiltIn, Span
+
 
 class PhaseClock:
     def __init__(self, device: torch.device):
@@ -84,3 +86,54 @@ class StepTimes:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+
+class Phases(BuiltIn):
+    """Seconds per step in forward+backward and in the optimizer step (the loop brackets them with `clock`)."""
+    NAMES = ("fwd_bwd", "optimizer")
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.clock = PhaseClock(device)
+        self.totals = {name: 0.0 for name in self.NAMES}
+
+    def mark(self) -> None:
+        self.clock.take()   # what ran before the interval is not in it
+
+    def interval(self, span: Span) -> Dict[str, float]:
+        taken = self.clock.take()
+        for name in self.NAMES:
+            self.totals[name] += taken.get(name, 0.0)
+        return self._per_step(span, taken)
+
+    def summary(self, span: Span) -> Dict[str, float]:
+        return self._per_step(span, self.totals)
+
+    def _per_step(self, span: Span, seconds: Dict[str, float]) -> Dict[str, float]:
+        return {f"time/{name}_s": seconds.get(name, 0.0) / max(span.steps, 1) for name in self.NAMES}
+
+
+class DataWait(BuiltIn):
+    """The time the step waited for its batch and copied it to the device (the DeviceFeeder's clocks), wall-clock."""
+
+    def __init__(self, feeder):
+        super().__init__()
+        self.feeder = feeder
+        self.totals = dict(wait=0.0, copy=0.0)
+
+    def mark(self) -> None:
+        self._wait0, self._copy0 = self.feeder.wait_s, self.feeder.copy_s
+
+    def interval(self, span: Span) -> Dict[str, float]:
+        wait, copy = self.feeder.wait_s - self._wait0, self.feeder.copy_s - self._copy0
+        self.totals["wait"] += wait
+        self.totals["copy"] += copy
+        return self._figures(span, wait, copy)
+
+    def summary(self, span: Span) -> Dict[str, float]:
+        return self._figures(span, self.totals["wait"], self.totals["copy"])
+
+    @staticmethod
+    def _figures(span: Span, wait: float, copy: float) -> Dict[str, float]:
+        return {"data_wait_frac": wait / span.seconds, "time/data_wait_s": wait / max(span.steps, 1),
+                "time/h2d_copy_s": copy / max(span.steps, 1)}
