@@ -4,6 +4,11 @@ steps; a step's cost is (T(550) - T(50)) / 500, so start-up (imports, building, 
 are interleaved (loop 50, ablate 50, loop 550, ablate 550, ...); prints each round's loop / ablate ratio and the
 median (target >= 0.98: ablate's step no dearer than the loop's).
 
+Start-up, in the same rounds: `python -c "import torch"`, the loop and ablate at 3 steps, each a fresh process;
+prints the medians of ablate / import torch and ablate / loop. torch.optim's step imports torch._dynamo (about as
+long as `import torch` itself, torch 2.13), so no 3-step run of a torch optimizer starts in under ~x1.9 of
+`import torch`: the loop's own ratio says where that floor lies on the machine measured.
+
     .venv/bin/python bench/step_cost.py [--rounds 5] [--ranks 1] [extra ablate overrides ...]
 """
 from __future__ import annotations
@@ -61,6 +66,7 @@ for step in range(steps):
 print(float(loss))
 '''
 
+STARTUP_STEPS = 3
 ABLATE = ["model=benchnet", "train.batch_size=8", "train.seq_len=128", "optim=adamw", "train.max_grad_norm=1.0",
           "logger=none", "train.warmup_steps=1", "metrics.gemm_probe=false"]
 
@@ -83,19 +89,28 @@ def main() -> None:
     (work / "conf" / "model").mkdir(parents=True)
     (work / "conf" / "model" / "benchnet.yaml").write_text("_target_: benchnet.Net\nvocab_size: 512\n")
     env = {**os.environ, "PYTHONPATH": str(work)}
-    ratios = []
+    ratios, starts = [], []
     for r in range(args.rounds):
         t = {}
-        for n in (args.short, args.long):
+        t["torch"] = timed([sys.executable, "-c", "import torch"], env, work)
+        for n in (STARTUP_STEPS, args.short, args.long):
             t["loop", n] = timed([sys.executable, "loop.py", str(n)], env, work)
             t["ablate", n] = timed([sys.executable, "-m", "ablate", "--config-dir", str(work / "conf"), *ABLATE,
                                     f"train.steps={n}", f"hydra.run.dir={work / f'run{r}_{n}'}", *extra], env, work)
+        starts.append((t["ablate", STARTUP_STEPS] / t["torch"], t["loop", STARTUP_STEPS] / t["torch"],
+                       t["ablate", STARTUP_STEPS] / t["loop", STARTUP_STEPS]))
         per_step = {k: (t[k, args.long] - t[k, args.short]) / (args.long - args.short) for k in ("loop", "ablate")}
         ratios.append(per_step["loop"] / per_step["ablate"])
         print(f"round {r + 1}: loop {per_step['loop'] * 1e3:.2f} ms/step, ablate {per_step['ablate'] * 1e3:.2f} "
               f"ms/step, loop / ablate x{ratios[-1]:.3f}", flush=True)
     print(f"median loop / ablate per-step cost: x{statistics.median(ratios):.3f} "
           f"(rounds {min(ratios):.3f} to {max(ratios):.3f}; target >= 0.98)")
+    n = STARTUP_STEPS
+    for i, what in enumerate((f"ablate {n} steps / import torch", f"loop {n} steps / import torch",
+                              f"ablate / loop at {n} steps")):
+        values = [s[i] for s in starts]
+        print(f"start-up, {what}: median x{statistics.median(values):.2f} (rounds {min(values):.2f} to "
+              f"{max(values):.2f})")
 
 
 if __name__ == "__main__":

@@ -30,54 +30,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ablate import CONF_DIR, launcher
 from ablate.config import SCHEMA_FILES, AblateConfig, AblateError, ConfigError
+from ablate.config.command_line import INFO_FLAGS, config_keys, split_argv, with_search_path
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import guards
 from ablate.train.ranks import rank_env
-
-INFO_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
-TAKES_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-               "--experimental-rerun")
-
-
-def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
-    """(positional overrides, --config-dir directories) of a `python -m ablate` command line."""
-    overrides, config_dirs, skip = [], [], None
-    for arg in argv:
-        if skip:
-            (config_dirs if skip == "dir" else []).append(arg)
-            skip = None
-        elif arg.startswith(("--config-dir=", "-cd=")):
-            config_dirs.append(arg.split("=", 1)[1])
-        elif arg in ("--config-dir", "-cd"):
-            skip = "dir"
-        elif arg.startswith("-"):
-            skip = "value" if arg in TAKES_VALUE else None
-        else:
-            overrides.append(arg)
-    return overrides, config_dirs
-
-
-def config_dir_override(config_dirs: List[str]) -> List[str]:
-    """`--config-dir DIR ...` as the one override every run of a driver (tune, maxbatch, sweeps) takes: Hydra's
-    searchpath, with absolute paths (a run may start elsewhere)."""
-    if not config_dirs:
-        return []
-    missing = [d for d in config_dirs if not Path(d).is_dir()]
-    if missing:
-        raise ConfigError(f"--config-dir {missing[0]}: no such directory")
-    return [f"hydra.searchpath=[{','.join(f'file://{Path(d).resolve()}' for d in config_dirs)}]"]
-
-
-def _search_path(overrides: List[str], config_dirs: List[str]) -> List[str]:
-    """--config-dir as a hydra.searchpath override, merged with one given on the command line."""
-    given = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
-    rest = [o for o in overrides if o not in given]
-    if not config_dirs:
-        return overrides
-    paths = [f"file://{d}" for d in config_dirs]
-    if given:
-        paths += [p.strip() for p in given[-1].split("=", 1)[1].strip("[]").split(",") if p.strip()]
-    return [f"hydra.searchpath=[{','.join(paths)}]", *rest]
 
 
 @contextmanager
@@ -203,18 +159,13 @@ def _validate(combo: List[str], hardware: bool) -> None:
         check_hardware(checked)
 
 
-def _config_keys(overrides: List[str]) -> List[str]:
-    """The overrides that shape the config: Hydra's own keys left out, but not its searchpath (more choices)."""
-    return [o for o in overrides if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
-
-
 def checked(combos: List[List[str]]) -> List[AblateConfig]:
     """Each run's typed config, composed as its fresh process will compose it (a sweep's Slurm allocation
     must hold its largest run)."""
     register()
     with hydra_context():
         try:
-            return [validate(compose("config", overrides=_config_keys(combo))) for combo in combos]
+            return [validate(compose("config", overrides=config_keys(combo))) for combo in combos]
         except USER_ERRORS as e:   # a key no config has (a tune's --space, a sweep's grid): one line
             raise _one_line(e) from None
 
@@ -226,7 +177,7 @@ def config_of(argv: List[str]) -> Tuple[DictConfig, AblateConfig, Dict[str, str]
     overrides, config_dirs = split_argv(argv)
     with hydra_context():
         try:
-            cfg = compose("config", overrides=_config_keys(_search_path(overrides, config_dirs)),
+            cfg = compose("config", overrides=config_keys(with_search_path(overrides, config_dirs)),
                           return_hydra_config=True)
             choices = group_choices(cfg.hydra.runtime.choices)
             return cfg, validate(cfg, choices), choices
@@ -244,7 +195,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
     register()
     overrides, config_dirs = split_argv(argv)
     check_run_dir(overrides, multirun=any(arg in ("-m", "--multirun") for arg in argv))
-    overrides = _config_keys(_search_path(overrides, config_dirs))
+    overrides = config_keys(with_search_path(overrides, config_dirs))
     with hydra_context():
         try:
             combos = grid(overrides)
@@ -302,7 +253,7 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
     if checks:
         check_run_dir(overrides)
     with hydra_context():
-        cfg, choices = _composed(_search_path(overrides, config_dirs))
+        cfg, choices = _composed(with_search_path(overrides, config_dirs))
         if cfg.hydra.mode == RunMode.MULTIRUN:
             return MULTIRUN
         try:

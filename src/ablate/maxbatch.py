@@ -28,6 +28,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 from ablate import units
 from ablate.config import AblateError, ConfigError, RunStopped, exit_code_of
 from ablate.config import arguments as cli
+from ablate.config.command_line import config_dir_override
 from ablate.launcher import group
 
 SET_PER_TRIAL = ("train.batch_size", "train.global_batch_size", "train.steps", "train.warmup_steps",
@@ -155,8 +156,6 @@ def _parse(argv: List[str]) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
-        from ablate.compose import config_dir_override
-
         args.overrides = [*config_dir_override(args.config_dir), *args.overrides]
         run(args)
     except AblateError as e:

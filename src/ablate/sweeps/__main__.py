@@ -12,6 +12,7 @@ import yaml
 from ablate import report
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.config import arguments as cli
+from ablate.config.command_line import split_argv
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
@@ -56,8 +57,6 @@ def main(argv: List[str] = None) -> int:
 def overrides_of(extra: List[str]) -> List[str]:
     """The runs' overrides after `--`, a `--config-dir DIR` among them made the override every run takes; the
     dirs of a hydra.searchpath override there are searched for sweeps too (the Slurm driver gets only that)."""
-    from ablate.compose import split_argv
-
     overrides, dirs = split_argv(extra)
     given = [o for o in overrides if o.startswith("hydra.searchpath=")]
     for o in given:

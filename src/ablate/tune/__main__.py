@@ -24,9 +24,9 @@ from typing import Dict, List, Optional
 import yaml
 
 from ablate import units
-from ablate.compose import config_dir_override
 from ablate.config import AblateError, ConfigError, exit_code_of, record
 from ablate.config import arguments as cli
+from ablate.config.command_line import config_dir_override
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import wandb_view
 from ablate.sweeps import allocation
