@@ -16,6 +16,7 @@ from ablate import units
 from ablate.report import arithmetic, effects, noise, outliers, plan, sequential, stats, table, waterfall
 from ablate.report import output as report_output
 from ablate.report import runs as R
+from ablate.report.adhoc import group_adhoc
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
               "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
@@ -259,7 +260,7 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
     found, unfinished = R.find(dirs)
     runs, replaced = R.reruns(found)
     groups = R.group_sweeps(runs, replaced)
-    adhoc = R.group_adhoc(runs)
+    adhoc = group_adhoc(runs)
     groups += [adhoc] if adhoc else []
     for group in groups:
         R.add_common_peak(group)

@@ -24,6 +24,7 @@ import numpy as np
 from ablate import design, units
 from ablate.report import runs as R
 from ablate.report import stats, table
+from ablate.report.adhoc import adhoc_grid
 
 RESPONSES = units.in_view("effect")   # the registry of figures (units.py): which, their scale, which are exact
 KINDS = {(True, 1): "ratio", (True, 2): "ratio of ratios", (True, 3): "ratio of ratios of ratios",
@@ -173,10 +174,10 @@ def analyse(name: str, sweep: Dict, runs: List[R.Run]) -> Factorial:
 
 
 def find(runs: List[R.Run]) -> List[Factorial]:
-    """The factorial sweeps among these runs, and an ad-hoc `-m` grid (runs.adhoc_grid) as one more."""
+    """The factorial sweeps among these runs, and an ad-hoc `-m` grid (adhoc.adhoc_grid) as one more."""
     by_name = R.by_design(runs, "factorial")
     found = [analyse(name, by_name[name][0].sweep, by_name[name]) for name in sorted(by_name)]
-    grid = R.adhoc_grid(runs)
+    grid = adhoc_grid(runs)
     if grid:
         factors, grid_runs = grid
         found.append(analyse("grid", {"name": "grid", "claim": "—", "design": "factorial", "factors": factors,
