@@ -73,6 +73,24 @@ def test_user_model_flops_are_6n_of_its_matmuls_and_hf_llama_matches_the_formula
     assert counted == pytest.approx(analytic, rel=0.01)
 
 
+def test_a_user_models_flops_are_counted_once_per_length_unless_it_recomputes(monkeypatch):
+    """Each count is a forward and backward on the meta device (~0.9 s for an 8B model): without activation
+    checkpointing the recomputing variant is the same count, not counted again (~0.2 s)."""
+    from dataclasses import replace
+
+    from ablate.model import facts
+
+    counted = []
+    count = facts.counted_flops
+    monkeypatch.setattr(facts, "counted_flops", lambda cfg, n, ckpt: counted.append((n, ckpt)) or count(cfg, n, ckpt))
+    plain = flop_model(MINE, 64, build(MINE, "meta").net)
+    assert sorted(counted) == [(32, False), (64, False)]
+    counted.clear()
+    recomputing = flop_model(replace(MINE, activation_checkpointing=True), 64, build(MINE, "meta").net)
+    assert sorted(counted) == [(32, False), (32, True), (64, False), (64, True)]
+    assert plain.training(1, 64).model == recomputing.training(1, 64).model
+
+
 def test_activations_are_measured_and_grow_with_the_batch():
     small, big = (measure(user_cfg_default(b)) for b in (2, 4))
     assert big.activation_bytes == 2 * small.activation_bytes > 0
