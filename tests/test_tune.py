@@ -162,7 +162,7 @@ def test_a_tune_prunes_runs_and_continues(tmp_path, capsys):
 
 def test_trials_logged_to_wandb_get_a_parallel_coordinates_workspace(tmp_path):   # in process, ~1 s
     from ablate.tune import Trial
-    from ablate.tune.__main__ import write_workspace
+    from ablate.tune.output import write_workspace
 
     trials = []
     for n, batch in enumerate((2, 4)):

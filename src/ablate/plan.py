@@ -25,7 +25,7 @@ from ablate import parallel, units
 from ablate.config import AblateConfig
 from ablate.config import arguments as cli
 from ablate.model.facts import measure
-from ablate.parallel.base import Breakdown
+from ablate.parallel.state_bytes import Breakdown
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ablate.config import AblateConfig
-from ablate.parallel.base import Breakdown
 from ablate.parallel.mesh import Layout, decode
+from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
 
 

@@ -9,7 +9,8 @@ import inspect
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ablate.parallel.base import Breakdown, TorchStrategy
+from ablate.parallel.base import TorchStrategy
+from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
 
 

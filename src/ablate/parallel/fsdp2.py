@@ -15,8 +15,9 @@ import contextlib
 from torch.distributed.fsdp import fully_shard
 
 from ablate.config import ConfigError
-from ablate.parallel.base import Breakdown, TorchStrategy
+from ablate.parallel.base import TorchStrategy
 from ablate.parallel.mesh import Layout
+from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
 
 

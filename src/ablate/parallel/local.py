@@ -1,6 +1,7 @@
 """parallel=none: one data-parallel rank, no gradient reduction; with parallel.tp > 1, that rank's layers split over
 tp processes (tp.py), whose collectives are counted on the mesh's `tp` dim."""
-from ablate.parallel.base import Breakdown, TorchStrategy
+from ablate.parallel.base import TorchStrategy
+from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
 
 
