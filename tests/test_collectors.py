@@ -88,5 +88,17 @@ def test_each_built_in_figure_is_one_collectors_and_hooks_cost_only_where_used()
     meter.calls = {"summary": [Tokens().summary, Tokens().summary]}
     with pytest.raises(RuntimeError, match="tokens_per_s"):
         meter._gather("summary", Span(1.0, 1))
+    class Speed(BuiltIn):
+        def logged(self):
+            return {"tokens_per_s": 1.0}
+
+        def interval(self, span):
+            return {"tokens_per_s": 2.0}
+
+    meter.calls = {"logged": [Speed().logged], "interval": [Speed().interval], "mark": []}
+    meter.measuring, meter.device, meter.window = True, torch.device("cpu"), {"time": 0.0, "steps": 1}
+    meter._t0, meter._steps0 = 0.0, 0
+    with pytest.raises(RuntimeError, match=r"interval gives \['tokens_per_s'\]"):   # a row's two kinds, too
+        meter.log_point(1)
     assert Health.overrides("on_micro") and not Throughput.overrides("on_micro") and not Comm.overrides("on_micro")
     assert not Memory.overrides("step_ends") and not Memory.overrides("step_begins")

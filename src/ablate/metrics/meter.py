@@ -36,6 +36,13 @@ def built_in(cfg: AblateConfig, env, feeder, strategy, flop_model, layout, notes
             GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes), Comm(strategy.comm, layout), HostLoad()]
 
 
+def _merge(into: Dict[str, object], got: Dict[str, object], source: str) -> None:
+    clash = set(got) & set(into)
+    if clash:
+        raise RuntimeError(f"{source} gives {sorted(clash)}, which another collector gives")
+    into.update(got)
+
+
 class Meter:
     """Called by the loop without host syncs; read at log steps and at the end."""
 
@@ -137,7 +144,9 @@ class Meter:
     def log_point(self, step: int) -> Dict[str, object]:
         synchronize(self.device)
         speed = self._interval() if self.measuring else {}
-        row: Dict[str, object] = {"step": step, **self._gather("logged"), **speed}
+        row: Dict[str, object] = {"step": step}
+        _merge(row, self._gather("logged"), "logged")
+        _merge(row, speed, "interval")
         self._mark()
         return row
 
@@ -145,12 +154,7 @@ class Meter:
         """Every collector's figures from `hook`; two giving one key is a bug (a figure is one collector's)."""
         out: Dict[str, object] = {}
         for call in self.calls[hook]:
-            got = call(*args)
-            clash = set(got) & set(out)
-            if clash:
-                raise RuntimeError(f"{call.__self__.__class__.__name__}.{hook} gives {sorted(clash)}, "
-                                   "which another collector gives")
-            out.update(got)
+            _merge(out, call(*args), f"{call.__self__.__class__.__name__}.{hook}")
         return out
 
     # -- end of run ---------------------------------------------------------------------------------
