@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from ablate.compose import validate
+from ablate.compose import config_of, validate
 from ablate.config import AblateConfig, ConfigError
 from conftest import compose_cfg, group_choices
 
@@ -116,6 +116,24 @@ def test_keys_the_schema_does_not_know_are_refused(override, needle):
         return
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("(", r"\(")):
         validate(compose_cfg([override]))
+
+
+@pytest.mark.parametrize("override,line", [
+    ("train.steps=abc", "train.steps=abc: not an integer; allowed: >= 1"),
+    ("train.global_batch_size=1.5", "train.global_batch_size=1.5: not an integer; allowed: >= 1; or null "
+                                    "(batch_size per rank)"),
+    ("optim.lr=fast", "optim.lr=fast: not a number; allowed: > 0"),
+    ("launcher.wait=maybe", "launcher.wait=maybe: not a boolean; valid choices: true, false"),
+    ("train.lr=0.1", "train.lr: no such key in 'train'; valid keys: steps, warmup_steps, "),
+    ("trian.steps=3", "trian: no such key in 'the config'; valid keys: model, train, "),
+    ("nccl.env.NCCL_DEBUG=INFO", "nccl.env.NCCL_DEBUG: not in the config yet; to add it: +nccl.env.NCCL_DEBUG=INFO"),
+])
+def test_a_value_of_the_wrong_kind_or_a_mistyped_key_names_what_is_valid(override, line):
+    """What a command line gets wrong most (in process, ~0.1 s each): said as an out-of-range value or a `+key`
+    the schema does not know is, in one line naming the key and what it may be."""
+    with pytest.raises(ConfigError) as refused:
+        config_of([override])
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value), str(refused.value)
 
 
 def test_free_form_nodes_still_take_any_key():

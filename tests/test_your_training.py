@@ -378,7 +378,8 @@ def test_a_mixture_of_experts_trains_and_says_how_its_flops_were_counted(tmp_pat
      "sweep.tecnique: no such key in sweep mysweep; valid keys: repeat, arm, name"),
     (("  baseline: adamw\n", ""), "sweep.baseline: sweep mysweep compares arms of sweep.knob=optim.name but names "
                                   "no baseline"),
-    (("      optim: adamw,sgd", "      optim: adamw,sgd\n      train.stepz: 1,2"), "Key 'stepz' not in 'TrainConfig'"),
+    (("      optim: adamw,sgd", "      optim: adamw,sgd\n      train.stepz: 1,2"),
+     "train.stepz: no such key in 'train'; valid keys: steps, "),
     (("effect: ratio", "effect: ratios"), "sweep.checks[0].effect=ratios: not a valid choice"),
 ])
 def test_a_sweep_file_that_cannot_be_judged_is_refused_before_anything_trains(tmp_path, capsys, user_files, edit,

@@ -11,26 +11,23 @@ add choices to any group, sweeps included). Hydra's informational flags (--help,
 """
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import run_job
-from hydra.errors import HydraException, MissingConfigException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
 
 from ablate import CONF_DIR, launcher
 from ablate.config import SCHEMA_FILES, AblateConfig, AblateError, ConfigError
 from ablate.config.command_line import INFO_FLAGS, config_keys, split_argv, with_search_path
+from ablate.config.hydra_errors import USER_ERRORS, one_line
 from ablate.config.store import LABELLED_BY_CHOICE, group_choices, register, typed
 from ablate.train import guards
 from ablate.train.ranks import rank_env
@@ -41,35 +38,6 @@ def hydra_context():
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="ablate"):
         yield
-
-
-# what Hydra and OmegaConf raise for a user's command line or YAML: said in one line. Anything else raised
-# while composing is a bug and keeps its traceback.
-USER_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError)
-
-
-def _yaml_line(e: yaml.YAMLError) -> ConfigError:
-    """A YAML file that does not parse: the file, line and column, and the problem."""
-    mark = getattr(e, "problem_mark", None)
-    where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}" if mark else "a YAML file"
-    return ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or str(e).splitlines()[0]})")
-
-
-def _one_line(e: BaseException) -> ConfigError:
-    """Hydra's own error as one line; a missing choice names the group and Hydra's valid choices; a config
-    file's error names the file, the key and the problem."""
-    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
-        group, _, choice = str(e.missing_cfg_file).rpartition("/")
-        options = [o for o in e.options if o not in SCHEMA_FILES]   # schemas, not choices
-        return ConfigError(f"{group}={choice}: no such choice for '{group}'; valid choices: {', '.join(options)}")
-    cause = e.__cause__ or e.__context__
-    if isinstance(e, yaml.YAMLError) or isinstance(cause, yaml.YAMLError):
-        return _yaml_line(e if isinstance(e, yaml.YAMLError) else cause)
-    in_file = re.match(r"In '([^']+)'", str(e))
-    if in_file and getattr(cause, "full_key", None):
-        return ConfigError(f"{in_file.group(1)}.yaml: {cause.full_key}: {str(cause).strip().splitlines()[0]}")
-    lines = [str(x).strip().splitlines()[0] for x in (e, cause) if x is not None and str(x).strip()]
-    return ConfigError(": ".join(dict.fromkeys(lines)) or type(e).__name__)
 
 
 def choices(group: str, overrides: List[str] = ()) -> List[str]:
@@ -154,7 +122,7 @@ def _validate(combo: List[str], hardware: bool) -> None:
     except ConfigError:
         raise
     except USER_ERRORS as e:
-        raise _one_line(e) from None
+        raise one_line(e) from None
     if hardware:
         check_hardware(checked)
 
@@ -167,7 +135,7 @@ def checked(combos: List[List[str]]) -> List[AblateConfig]:
         try:
             return [validate(compose("config", overrides=config_keys(combo))) for combo in combos]
         except USER_ERRORS as e:   # a key no config has (a tune's --space, a sweep's grid): one line
-            raise _one_line(e) from None
+            raise one_line(e) from None
 
 
 def config_of(argv: List[str]) -> Tuple[DictConfig, AblateConfig, Dict[str, str]]:
@@ -184,7 +152,7 @@ def config_of(argv: List[str]) -> Tuple[DictConfig, AblateConfig, Dict[str, str]
         except ConfigError:
             raise
         except USER_ERRORS as e:
-            raise _one_line(e) from None
+            raise one_line(e) from None
 
 
 def preflight(argv: List[str], hardware: bool = True) -> None:
@@ -200,7 +168,7 @@ def preflight(argv: List[str], hardware: bool = True) -> None:
         try:
             combos = grid(overrides)
         except USER_ERRORS as e:
-            raise _one_line(e) from None
+            raise one_line(e) from None
         for combo in combos:
             _validate(combo, hardware)
 
@@ -239,7 +207,7 @@ def _composed(overrides: List[str]) -> Tuple[DictConfig, Dict[str, str]]:
         cfg = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.RUN,
                                                           with_log_configuration=True)
     except USER_ERRORS as e:
-        raise _one_line(e) from None
+        raise one_line(e) from None
     return cfg, group_choices(cfg.hydra.runtime.choices)
 
 
@@ -261,7 +229,7 @@ def run_single(argv: List[str], task: Task, checks: bool = True):
         except ConfigError:
             raise
         except USER_ERRORS as e:
-            raise _one_line(e) from None
+            raise one_line(e) from None
         if checks:
             check_hardware(checked)
         if checked.train.resume:   # what the checkpoint cannot become, refused before Hydra writes .hydra/

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Optional, get_args, get_type_hints
 
 from ablate.config.errors import ConfigError
 
@@ -51,6 +51,32 @@ def check_ranges(node, group: str) -> None:
             null = f"; or null ({f.metadata['null']})" if f.metadata.get("null") else ""
             finite = "" if math.isfinite(float(value)) else "a finite number "
             raise ConfigError(f"{group}.{f.name}={value}: out of range; allowed: {finite}{rng}{null}")
+
+
+def no_such_key(full_key: str, schema) -> ConfigError:
+    """A key the schema does not know (`train.lrr=1`, `+train.lrr=1`), with the keys it does know there."""
+    group = full_key.rpartition(".")[0]
+    valid = ", ".join(f.name for f in fields(schema))
+    return ConfigError(f"{full_key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
+
+
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number"}
+
+
+def wrong_kind(node_type, key: str, full_key: str, value) -> Optional[ConfigError]:
+    """A value OmegaConf could not convert to its field's type (`train.steps=abc`), said as the field's kind
+    and its range, as an out-of-range value is; None for a field that is no number or boolean of a group."""
+    if not is_dataclass(node_type) or key not in {f.name for f in fields(node_type)}:
+        return None
+    kinds = [t for t in get_args(get_type_hints(node_type)[key]) or [get_type_hints(node_type)[key]]
+             if t is not type(None)]
+    if len(kinds) != 1 or kinds[0] not in _KINDS:
+        return None
+    meta = next(f.metadata for f in fields(node_type) if f.name == key)
+    allowed = "; valid choices: true, false" if kinds[0] is bool else \
+        f"; allowed: {meta['range']}" if str(meta.get("range") or "") else ""
+    null = f"; or null ({meta['null']})" if meta.get("null") else ""
+    return ConfigError(f"{full_key}={value}: not {_KINDS[kinds[0]]}{allowed}{null}")
 
 
 def user_object(key: str, dotted: str):

@@ -9,7 +9,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ablate.config.errors import ConfigError
+from ablate.config.fields import no_such_key
 from ablate.config.groups import AblateConfig
 from ablate.config.models import MODEL_SCHEMAS
 from ablate.config.optims import OPTIM_SCHEMAS
@@ -95,8 +95,5 @@ def typed(cfg: DictConfig, choices: Optional[Mapping[str, str]] = None) -> Ablat
                 plain[group].name = choices[group]
     extra = unknown_keys(plain, AblateConfig)
     if extra:
-        key, schema = extra[0]
-        group, _, _ = key.rpartition(".")
-        valid = ", ".join(f.name for f in fields(schema))
-        raise ConfigError(f"{key}: no such key in '{group or 'the config'}'; valid keys: {valid}")
+        raise no_such_key(*extra[0])
     return OmegaConf.to_object(plain)
