@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 from typing import Dict
 
+import submitit
+from submitit.slurm.slurm import SlurmInfoWatcher
+
 from conftest import REPO, read_jsonl, run_cli
 
 SYSTEM_PATH = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -24,6 +27,7 @@ def start(nodes: int):
     """Start the local cluster with this many nodes (stopping the other kind): None, or why it failed."""
     done = subprocess.run(["bash", str(REPO / "slurm" / "start_local.sh"), "--nodes", str(nodes)],
                           env={"SLURM_CI_CPUS": "4", **SYSTEM_PATH}, capture_output=True, text=True, timeout=600)
+    forget_the_other_clusters_jobs()
     return None if done.returncode == 0 else f"{done.stdout[-500:]}{done.stderr[-500:]}"
 
 
@@ -38,6 +42,16 @@ def unavailable(why: str):
 
 def stop():
     subprocess.run(["bash", str(REPO / "slurm" / "stop_local.sh")], env=SYSTEM_PATH, capture_output=True, timeout=180)
+    forget_the_other_clusters_jobs()
+
+
+def forget_the_other_clusters_jobs() -> None:
+    """A test process that ran jobs in process on one cluster starts its next ones with a fresh process's
+    submitit watcher. submitit keeps one per process (a class attribute) and caches the final state of every
+    job id it has seen; the two local clusters number their jobs each from 1, so the other cluster's job N,
+    finished, made this cluster's job N "done" at once: `Slurm job 17 failed (FAILED): rank 0 on ?: no task
+    reported an error` for a job whose four tasks all succeeded (results() waits 15 s for a task's result)."""
+    submitit.SlurmJob.watcher = SlurmInfoWatcher(delay_s=600)   # submitit's own default delay
 
 
 def job_id(run_dir: Path, timeout_s: float = 120) -> str:
