@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Dict
 
 import submitit
-from submitit.slurm.slurm import SlurmInfoWatcher
 
 from conftest import REPO, read_jsonl, run_cli
 
@@ -46,12 +45,12 @@ def stop():
 
 
 def forget_the_other_clusters_jobs() -> None:
-    """A test process that ran jobs in process on one cluster starts its next ones with a fresh process's
-    submitit watcher. submitit keeps one per process (a class attribute) and caches the final state of every
-    job id it has seen; the two local clusters number their jobs each from 1, so the other cluster's job N,
+    """A test process that ran jobs in process on one cluster starts its next ones as a fresh process would.
+    submitit keeps one watcher per process (a class attribute) that caches the final state of every job id it
+    has seen; the two local clusters number their jobs each in its own sequence, so the other cluster's job N,
     finished, made this cluster's job N "done" at once: `Slurm job 17 failed (FAILED): rank 0 on ?: no task
     reported an error` for a job whose four tasks all succeeded (results() waits 15 s for a task's result)."""
-    submitit.SlurmJob.watcher = SlurmInfoWatcher(delay_s=600)   # submitit's own default delay
+    submitit.SlurmJob.watcher.clear()
 
 
 def job_id(run_dir: Path, timeout_s: float = 120) -> str:
