@@ -30,23 +30,31 @@ def is_dtensor(t) -> bool:
 
 
 def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: Optional[float]) -> List[Dict]:
-    """Matrices, then the rest (norms, biases), each split by kind (`by_kind`); matrices decay by `weight_decay`, the
+    """Matrices, then the rest (norms, biases), each split by mesh (`by_mesh`); matrices decay by `weight_decay`, the
     rest not. None: no weight_decay in any group (a user's optimizer without one keeps its own default)."""
     params = [p for p in params if p.requires_grad]
     groups = []
     for decay, chosen in ((weight_decay, [p for p in params if p.dim() >= 2]),
                           (0.0 if weight_decay is not None else None, [p for p in params if p.dim() < 2])):
         decayed = {"weight_decay": decay} if decay is not None else {}
-        groups += [{"params": kind, **decayed} for kind in by_kind(chosen)]
+        groups += [{"params": kind, **decayed} for kind in by_mesh(chosen)]
     return groups
 
 
-def by_kind(params: List[torch.nn.Parameter]) -> List[List[torch.nn.Parameter]]:
-    """Split layers (DTensors: a user's tp_plan splits some layers only) apart from whole ones: torch's fused and
-    foreach kernels take one kind per group. One list when all are of one kind (the usual two groups)."""
-    split = [p for p in params if is_dtensor(p)]
-    whole = [p for p in params if not is_dtensor(p)]
-    return [split, whole] if split and whole else [params]
+def mesh_of(t):
+    """The device mesh a DTensor lives on; None for a plain tensor."""
+    return t.device_mesh if is_dtensor(t) else None
+
+
+def by_mesh(params: List[torch.nn.Parameter]) -> List[List[torch.nn.Parameter]]:
+    """Parameters grouped by the mesh they live on, in first-seen order: plain tensors, layers split by tensor
+    parallelism (the tp mesh), sharded by FSDP2 (dp_shard), or both (dp_shard x tp). A user's tp_plan splits some
+    layers only, so one model can hold several kinds; torch's fused and foreach kernels, and DTensor's reductions,
+    take one mesh at a time. One list when all share one mesh (the usual case)."""
+    groups: Dict[object, List[torch.nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault(mesh_of(p), []).append(p)
+    return list(groups.values()) or [[]]
 
 
 def adamw(groups: List[Dict], cfg: OptimConfig) -> torch.optim.Optimizer:

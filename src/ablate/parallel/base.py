@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ablate import optim
 from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
 from ablate.metrics.comm import CollectiveCounter, paused
-from ablate.optim import is_dtensor
+from ablate.optim import by_mesh, is_dtensor
 from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.parallel.state_bytes import Breakdown, optimizer_state_bytes, tensor_bytes
 from ablate.precision import Precision
@@ -187,18 +187,17 @@ class TorchStrategy(Strategy):
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip(self) -> torch.Tensor:
-        """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow."""
+        """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow. The norm is taken
+        per mesh (optim.by_mesh: a user's tp_plan leaves some layers whole, and FSDP2 then shards those over
+        dp_shard and the split ones over dp_shard x tp), each reduced over its own mesh, then combined."""
         max_norm = self.train.max_grad_norm or math.inf
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        split = [p for p in params if is_dtensor(p)]
-        if not split or len(split) == len(params):   # one kind of tensor: torch's clip as it is
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        groups = by_mesh([p for p in self.model.parameters() if p.grad is not None])
+        if len(groups) == 1:   # one mesh: torch's clip as it is
+            norm = torch.nn.utils.clip_grad_norm_(groups[0], max_norm)
             return norm.full_tensor() if is_dtensor(norm) else norm   # sharded gradients: the norm over all
-        # a user's tp_plan splits some layers only: DTensor and plain gradients do not mix in one foreach kernel
-        whole = [p for p in params if not is_dtensor(p)]
-        norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in (split, whole)]
+        norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in groups]
         total = torch.stack([n.full_tensor() if is_dtensor(n) else n for n in norms]).norm()
-        for group in (split, whole):
+        for group in groups:
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
