@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from ablate import CONF_DIR, compose, launcher
 from ablate.config import AblateConfig, AblateError, ConfigError, RunStopped, exit_code_of
+from ablate.config.command_line import own_model_keys
 from ablate.config.store import group_choices, register
 from ablate.train import guards
 from ablate.train.in_place import in_place
@@ -85,6 +86,7 @@ def _said(error: AblateError) -> int:
 def main() -> None:
     try:
         argv = in_place(sys.argv[1:])   # `train.resume=DIR` alone: that run's own command, in DIR (train/in_place.py)
+        argv = own_model_keys(argv)
     except AblateError as e:
         sys.exit(_said(e))
     sys.argv[1:] = argv   # what hydra.main reads, should the command go there

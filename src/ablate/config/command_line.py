@@ -13,8 +13,20 @@ TAKES_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
                "--experimental-rerun")
 
 
+# ablate's own keys of every model file (config/models.py USER_MODEL_KEYS) that a user's file need not write:
+# Hydra sets a key the file lacks only with `++`, so `model.activation_checkpointing=true` is read as that
+OWN_MODEL_KEYS = ("model.activation_checkpointing", "model.blocks")
+
+
+def own_model_keys(args: List[str]) -> List[str]:
+    """`model.activation_checkpointing=V` (and model.blocks) as `++model.activation_checkpointing=V`: the documented
+    key works on a user's model file that does not write it, as on the built-in ones."""
+    return [f"++{a}" if a.split("=", 1)[0] in OWN_MODEL_KEYS and "=" in a else a for a in args]
+
+
 def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
     """(positional overrides, --config-dir directories) of a `python -m ablate` command line."""
+    argv = own_model_keys(argv)
     overrides, config_dirs, skip = [], [], None
     for arg in argv:
         if skip:
