@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional
 
 from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
+from ablate.config.tp_plan import Split, decode_plan
 
 
 @dataclass
@@ -74,9 +75,12 @@ class UserModelConfig:
     blocks: Optional[str] = None   # attribute path of the repeated blocks; null: found by rule
     activation_checkpointing: bool = False   # recompute each block in backward (torch checkpoint per block)
     max_seq_len: Optional[int] = None   # an argument ablate reads too: the longest train.seq_len
-    # parallel.tp > 1: {module path pattern: colwise | rowwise}, as torch's parallelize_module takes it
-    # (docs/layouts.md); without one, tensor parallelism is refused for this model
-    tp_plan: Optional[Dict[str, str]] = None
+    # parallel.tp > 1: {module path pattern: colwise | rowwise | sequence_parallel, or a mapping with style, input,
+    # output, fused} (config/tp_plan.py, docs/layouts.md); without one, tensor parallelism is refused for this model
+    tp_plan: Optional[Dict[str, Any]] = None
+
+    def __post_init__(self):
+        self.splits: Optional[Dict[str, Split]] = decode_plan(self.tp_plan)   # decoded once, checked here
 
     @classmethod
     def from_node(cls, node: Dict[str, Any]) -> "UserModelConfig":
@@ -84,7 +88,14 @@ class UserModelConfig:
                    args={k: v for k, v in node.items() if k not in USER_MODEL_KEYS},
                    blocks=node.get("blocks"), activation_checkpointing=bool(node.get("activation_checkpointing")),
                    max_seq_len=node.get("max_seq_len"),
-                   tp_plan=dict(node["tp_plan"]) if node.get("tp_plan") else None)
+                   tp_plan=_plain(node["tp_plan"]) if node.get("tp_plan") else None)
+
+
+def _plain(node) -> Dict[str, Any]:
+    """An OmegaConf mapping (a composed node) as plain dicts, for the record and the decoder."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(node) if isinstance(node, DictConfig) else dict(node)
 
 
 MODEL_SCHEMAS = {"base_llama": ModelConfig, "base_hf": HFModelConfig}   # conf/model files start from these

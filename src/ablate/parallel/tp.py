@@ -6,7 +6,8 @@ embedding split by vocabulary rows with its output sharded on the sequence; in e
 sequence-parallel, q/k/v and w1/w3 are split by columns (each rank keeps n_heads / tp heads), wo and w2 by rows
 (their outputs reduce-scattered back to sequence shards); the head split by columns, its logits gathered whole
 so that ablate's loss reads them as from one rank. A user's model declares its plan in its YAML (`tp_plan`:
-{module path pattern: colwise | rowwise}, docs/layouts.md); no other model gets tensor parallelism.
+{module path pattern: colwise | rowwise | sequence_parallel, with layouts and fused parts}: config/tp_plan.py,
+docs/layouts.md); no other model gets tensor parallelism.
 """
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ablate.config import ConfigError, ModelConfig
+from ablate.config import ModelConfig
+from ablate.config.tp_plan import Split
+from ablate.parallel.tp_plan import default_input, default_output, resolve
 
-STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+# the layouts a user's plan names (config/tp_plan.py), as placements on the tp dim of a [batch, seq, features] tensor
+LAYOUTS = {"replicate": Replicate(), "sequence": Shard(1), "split": Shard(-1)}
 
 
 def llama_plan(n_layers: int) -> Dict[str, object]:
@@ -53,18 +57,43 @@ def llama_plan(n_layers: int) -> Dict[str, object]:
     return plan
 
 
-def user_plan(tp_plan: Dict[str, str]) -> Dict[str, object]:
-    """A model file's `tp_plan` as parallelize_module takes it; an unknown style is refused in one line."""
-    out = {}
-    for pattern, style in tp_plan.items():
-        if style not in STYLES:
-            raise ConfigError(f"model.tp_plan.{pattern}={style}: not a valid choice; valid choices: "
-                              f"{', '.join(STYLES)}")
-        out[pattern] = STYLES[style]()
-    return out
+class FusedColwise(ColwiseParallel):
+    """A colwise split of a projection that stacks `parts` along its outputs ([Q|K|V]: 3): each rank keeps its 1/tp
+    of every part (rows [Q_r|K_r|V_r]), so that its local output splits into the same parts as the whole one does.
+    The rows are reordered part-major -> rank-major before the usual row split; the split weight's global view
+    (a checkpoint's) is in that order, which a resume at the same tp reads back as written."""
+
+    def __init__(self, parts: int, **kwargs):
+        super().__init__(**kwargs)
+        self.parts = parts
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        tp = device_mesh.size()
+        for param in list(module.parameters(recurse=False)):
+            rows = param.data
+            per_rank = rows.view(self.parts, tp, rows.shape[0] // (self.parts * tp), *rows.shape[1:])
+            param.data = per_rank.transpose(0, 1).reshape(rows.shape).contiguous()
+        super()._partition_linear_fn(name, module, device_mesh)
+
+
+def user_style(split: Split, module) -> object:
+    """One entry of a user's plan as torch's ParallelStyle, on the module it names."""
+    if split.style == "sequence_parallel":
+        return SequenceParallel(use_local_output=True)   # plain tensors in the user's forward, as around every split
+    layouts = {"input_layouts": LAYOUTS[default_input(split, module)], "output_layouts": LAYOUTS[default_output(split)]}
+    if split.style == "rowwise":
+        return RowwiseParallel(**layouts)
+    return FusedColwise(split.fused, **layouts) if split.fused > 1 else ColwiseParallel(**layouts)
+
+
+def user_plan(net, model_cfg, tp: int) -> Dict[str, object]:
+    """A model file's `tp_plan` as parallelize_module takes it: every module it names, by its exact path (checked
+    before the run by model/facts.py; the same check here)."""
+    return {fqn: user_style(split, net.get_submodule(fqn)) for fqn, split in resolve(net, model_cfg, tp).items()}
 
 
 def parallelize(model, model_cfg, tp_mesh) -> None:
     """Split `model`'s layers over `tp_mesh` in place (its network: the contract's `net`)."""
-    plan = llama_plan(model_cfg.n_layers) if isinstance(model_cfg, ModelConfig) else user_plan(model_cfg.tp_plan)
+    plan = llama_plan(model_cfg.n_layers) if isinstance(model_cfg, ModelConfig) else \
+        user_plan(model.net, model_cfg, tp_mesh.size())
     parallelize_module(model.net, tp_mesh, plan)
