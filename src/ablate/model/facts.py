@@ -20,6 +20,7 @@ from ablate.metrics.activations import SavedTensors
 from ablate.metrics.flops import COUNTED_REAL, FlopModel
 from ablate.model import build, matmul_params
 from ablate.model.contract import ModelContractError, vocab_size_of
+from ablate.parallel.tp_plan import one_rank_of, split_params
 from ablate.precision import numerics
 
 
@@ -30,6 +31,8 @@ class ModelFacts:
     blocks: Dict[str, object]
     activation_bytes: Optional[float]   # one rank, one micro-step, in the run's precision (metrics/activations.py)
     activation_source: str = ""   # how they were measured
+    # which of `numels` tensor parallelism splits at the run's tp (parallel/tp_plan.py); None: every one (tp 1)
+    split: Optional[List[bool]] = None
 
 
 def tokens_on_meta(batch: int, seq: int) -> torch.Tensor:
@@ -95,41 +98,49 @@ def _plain(cfg):
     return _without_checkpointing(cfg) if cfg.activation_checkpointing else cfg
 
 
-def saved_on_fake(cfg: AblateConfig) -> Tuple[SavedTensors, List[int], Optional[int], Dict[str, object], str]:
+Saved = Tuple[SavedTensors, List[int], Optional[int], Dict[str, object], str]
+
+
+def saved_on_fake(cfg: AblateConfig, tp: int = 1) -> Saved:
     """(what one sequence's forward saves for backward, the parameters' sizes, the vocabulary, the blocks, how it was
     measured).
     On fake CPU tensors (FakeTensorMode: shapes and dtypes, no memory, no FLOPs): the attention kernel torch picks
     for a real tensor is the one measured (SDPA keeps no score matrix), in the run's precision (autocast). A model
     that cannot run on fake tensors is measured on the meta device (SDPA there keeps the seq^2 scores: an upper
-    figure, said in `source`)."""
+    figure, said in `source`). `tp`: a user's model is measured as one of tp ranks under its plan
+    (parallel/tp_plan.py one_rank_of); the built-in Llama whole (activation_bytes divides its blocks)."""
     compute = numerics(cfg.precision.name).compute_dtype
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")   # logs each kernel that fails, traceback and all:
     level, fake_log.level = fake_log.level, logging.CRITICAL        # a model it cannot run is said once, below
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            return _forward(cfg, "cpu", compute) + ("fake tensors, the run's attention and precision",)
+            return _forward(cfg, "cpu", compute, tp) + ("fake tensors, the run's attention and precision",)
     except ModelContractError:
         raise
     except Exception:   # a model fake tensors cannot run (data-dependent shapes): the meta device, no autocast
-        return _forward(cfg, "meta", None) + ("meta device, float32 (this model does not run on fake tensors)",)
+        return _forward(cfg, "meta", None, tp) + ("meta device, float32 (this model does not run on fake tensors)",)
     finally:
         fake_log.setLevel(level)
 
 
-def _forward(cfg: AblateConfig, device: str, compute) -> Tuple[SavedTensors, List[int], Optional[int], Dict]:
+def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTensors, List[int], Optional[int], Dict]:
     lm = build(_plain(cfg.model), device)
+    numels = [p.numel() for p in lm.parameters()]   # the whole model's: the state plan splits them itself
+    one_rank_of(lm.net, cfg.model, tp)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
     autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
     with autocast, SavedTensors(lm.blocks.modules) as saved:
         lm(x, x)
-    return saved, [p.numel() for p in lm.parameters()], vocab_size_of(lm.net), lm.blocks.record()
+    return saved, numels, vocab_size_of(lm.net), lm.blocks.record()
 
 
 def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
-    """One rank's activations for one micro-batch: the blocks' share split over tp (tensor and sequence
-    parallelism split every block's activations: Korthikanti et al. 2022, sec. 4.2.2), the rest (embedding, final
-    norm, logits and loss, gathered whole on each rank) not; with activation checkpointing the blocks' inputs
-    plus one block's recompute instead of every block's own."""
+    """One rank's activations for one micro-batch: for the built-in Llama the blocks' share split over tp (tensor
+    and sequence parallelism split every block's activations: Korthikanti et al. 2022, sec. 4.2.2), the rest
+    (embedding, final norm, logits and loss, gathered whole on each rank) not; a user's model was measured as one
+    rank already (saved_on_fake's tp). With activation checkpointing the blocks' inputs plus one block's recompute
+    instead of every block's own."""
+    tp = tp if isinstance(cfg.model, ModelConfig) else 1
     blocks = (sum(saved.block_inputs) + max(saved.by_block, default=0)) if cfg.model.activation_checkpointing \
         else sum(saved.by_block)
     outside = saved.bytes - sum(saved.by_block)
@@ -141,8 +152,9 @@ def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
     the run's, parallel.tp). A model whose forward runs on neither fake nor meta tensors (a mixture of experts'
     grouped matmul) is not refused for it: its activations are not measured (None, `activation_source` says why)."""
     try:
-        saved, numels, vocab, blocks, source = saved_on_fake(cfg)
-        activations = activation_bytes(saved, cfg, tp or cfg.parallel.tp)
+        tp = tp or cfg.parallel.tp
+        saved, numels, vocab, blocks, source = saved_on_fake(cfg, tp)
+        activations = activation_bytes(saved, cfg, tp)
     except ModelContractError:
         raise
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
@@ -157,7 +169,18 @@ def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
                                  "the module a `vocab_size` attribute or the model file a `vocab_size:` key")
     if activations is not None and cfg.model.activation_checkpointing:   # measured without it: the blocks as the
         blocks = build(cfg.model, "meta").blocks.record()                # run wraps them
-    return ModelFacts(numels, vocab, blocks, activations, source)
+    return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp))
+
+
+def split_flags(model_cfg, tp: int) -> Optional[List[bool]]:
+    """Per parameter (in `numels`' order), whether tensor parallelism at `tp` splits it, from the model's plan
+    held against the model on the meta device (a plan that names what cannot be split is refused here, in one
+    line, before any rank starts). None at tp 1."""
+    if tp == 1:
+        return None
+    lm = build(model_cfg, "meta")
+    split = split_params(lm.net, model_cfg, tp)
+    return [id(p) in split for p in lm.parameters()]
 
 
 def declared_vocab(model_cfg) -> Optional[int]:

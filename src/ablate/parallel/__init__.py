@@ -90,12 +90,14 @@ def build(cfg: AblateConfig, model, device, layout: Layout, mesh):
     return strategy_class(cfg.parallel.name)(model, cfg.parallel, cfg.train, cfg.optim, prec, device, layout, mesh)
 
 
-def plan_bytes(numels: List[int], cfg: AblateConfig, layout: Layout = None) -> Breakdown:
+def plan_bytes(numels: List[int], cfg: AblateConfig, layout: Layout = None,
+               split: Optional[List[bool]] = None) -> Breakdown:
     """Per-rank bytes of parameters, gradients and optimizer state this strategy allocates on the layout: tensor
-    parallelism divides every layer's state by tp (the embedding and head included: both are split here), then
-    the strategy divides by its shard group."""
+    parallelism divides the layers it splits by tp (`split`, per parameter: the model's plan, model/facts.py
+    split_flags; None: every one), the rest stay whole on each tp rank; then the strategy divides by its shard
+    group."""
     layout = layout or layout_of(cfg)
-    per_tp = [n / layout.tp for n in numels]
+    per_tp = [n / layout.tp if split is None or s else float(n) for n, s in zip(numels, split or [True] * len(numels))]
     return strategy_class(cfg.parallel.name).plan_bytes(per_tp, cfg.parallel, Precision(cfg.precision), layout)
 
 

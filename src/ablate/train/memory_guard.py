@@ -50,7 +50,7 @@ def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts
     if cfg.train.skip_memory_check:
         return
     facts = facts or measure(cfg)
-    state = parallel.plan_bytes(facts.numels, cfg).total
+    state = parallel.plan_bytes(facts.numels, cfg, split=facts.split).total
     activations = facts.activation_bytes or 0.0   # None: not measurable for this model; the state alone
     per_rank = state + activations
     if device_type == "cuda":

@@ -24,6 +24,7 @@ from ablate.model.contract import vocab_size_of
 from ablate.model.facts import declared_vocab, flop_model
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
+from ablate.parallel.tp_plan import split_params
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Loop
 
@@ -55,16 +56,18 @@ def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
              "flops": flop_model(cfg.model, cfg.train.seq_len, model.net, model,
                                  precision_group.numerics(cfg.precision.name).compute_dtype)}
     blocks = list(model.blocks.modules)
-    facts["modeled"] = modeled(cfg, layout, [p.numel() for p in model.parameters()], facts["params"])
+    split = split_params(model.net, cfg.model, layout.tp) if layout.tp > 1 else None   # before the split: as planned
+    facts["modeled"] = modeled(cfg, layout, [p.numel() for p in model.parameters()], facts["params"],
+                               [id(p) in split for p in model.parameters()] if split is not None else None)
     strategy = parallel.build(cfg, model, env.device, layout, mesh)
     return facts, strategy, blocks
 
 
-def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int) -> Dict[str, object]:
+def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int, split=None) -> Dict[str, object]:
     """summary.json's `modeled`: what the plan (state bytes per rank) and the comm model (bytes per step on each
     mesh dim) predict for this run's figures, keyed as the report reads them (a sweep's "expected here")."""
     comm = {f"comm_bytes_by_dim.{d}": v for d, v in expected_comm(cfg, layout, n_params).items()}
-    return {"state_bytes_total": parallel.plan_bytes(numels, cfg, layout).total, **comm}
+    return {"state_bytes_total": parallel.plan_bytes(numels, cfg, layout, split).total, **comm}
 
 
 def note_failure(run_dir: Path, rank: int, e: Exception) -> None:

@@ -73,7 +73,7 @@ def prune_reason(overrides: List[str], budget_bytes: Optional[float]) -> Optiona
     if budget_bytes is None:
         return None
     facts = measure(cfg)
-    state = parallel.plan_bytes(facts.numels, cfg).total
+    state = parallel.plan_bytes(facts.numels, cfg, split=facts.split).total
     # a lower bound (no allocator cache, buffers or runtime): pruned only what cannot fit; a trial over the
     # budget that ran anyway is judged by what it measured
     activations = facts.activation_bytes or 0.0   # None: not measurable for this model; the state alone
