@@ -61,3 +61,50 @@ class PositionalLM(nn.Module):
         for block in self.blocks:
             h = h + block(h)
         return self.head(h)
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one fused projection whose rows are [Q | K | V], SDPA, an output projection. Under
+    tensor parallelism the fused projection is `colwise` with `fused: 3` (docs/layouts.md): a rank's output is
+    then [Q_r | K_r | V_r], split in 3 with `chunk`, its heads counted with -1."""
+
+    def __init__(self, dim, n_head):
+        super().__init__()
+        self.head_dim = dim // n_head
+        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        b, t, _ = x.shape
+        q, k, v = (p.view(b, t, -1, self.head_dim).transpose(1, 2) for p in self.c_attn(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim, n_head):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(dim), CausalSelfAttention(dim, n_head), nn.LayerNorm(dim)
+        self.fc, self.proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.proj(nn.functional.gelu(self.fc(self.ln_2(x))))
+
+
+class TinyGPT(nn.Module):
+    """A small GPT of the nanoGPT kind: learned positions, fused qkv, tied nothing."""
+
+    def __init__(self, vocab_size=512, dim=64, n_head=4, n_layer=2, max_seq_len=128):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.wte, self.wpe = nn.Embedding(vocab_size, dim), nn.Embedding(max_seq_len, dim)
+        self.h = nn.ModuleList(GPTBlock(dim, n_head) for _ in range(n_layer))
+        self.ln_f, self.lm_head = nn.LayerNorm(dim), nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe.weight[: tokens.shape[1]]
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
