@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ablate.baseline.__main__ import main as baseline_main
+from ablate.check import main as check_main
 from ablate.maxbatch import main as maxbatch_main
 from ablate.plan import main as plan_main
 from ablate.report import plan
@@ -14,7 +15,8 @@ from ablate.sweeps.__main__ import main as sweeps_main
 from ablate.tune.__main__ import main as tune_main
 
 MAINS = {"ablate.sweeps": sweeps_main, "ablate.report": report_main, "ablate.plan": plan_main,
-         "ablate.maxbatch": maxbatch_main, "ablate.tune": tune_main, "ablate.baseline": baseline_main}
+         "ablate.maxbatch": maxbatch_main, "ablate.tune": tune_main, "ablate.baseline": baseline_main,
+         "ablate.check": check_main}
 LONG = "x" * 300
 BAD = [
     ("ablate.sweeps", ["c3_no_sync", "--dir", ""], "argument --dir: an empty path"),
@@ -40,6 +42,11 @@ BAD = [
     ("ablate.tune", ["--space", "optim=adamw,sgd", "--dir", "t", "--mem-budget-gb", "inf"], "not a finite number"),
     ("ablate.tune", ["--space", "optim=adamw,sgd", "--dir", "t", "--trial-timeout", "-5"], "--trial-timeout: -5"),
     ("ablate.tune", ["--space", "optim=adamw,sgd", "--dir", "t", "--bogus"], "unrecognized arguments: --bogus"),
+    ("ablate.check", ["--steps", "0"], "argument --steps: 0: out of range"),
+    ("ablate.check", ["--rtol", "2"], "argument --rtol: 2: out of range"),
+    ("ablate.check", ["--config-dir", "/nonexistent"], "argument --config-dir: '/nonexistent': no such folder"),
+    ("ablate.check", ["parallel=bogus"], "parallel=bogus: no such choice"),
+    ("ablate.check", ["parallel=fsdp2", "parallel.tp=3", "launcher.nproc_per_node=4"], "parallel.tp=3: does not"),
     ("ablate.baseline", ["save", "/nonexistent", "--name", "a"], "argument dir: '/nonexistent': no such folder"),
     ("ablate.baseline", ["save", ".", "--name", LONG], "a name of 1 to 100 characters"),
     ("ablate.baseline", ["show", "a/b"], "a name of 1 to 100 characters without '/'"),

@@ -4,7 +4,6 @@ measured activations for model=small (one real 2-step run in this process, ~12 s
 composition on 4 CPU ranks (the `trained` session runs: 3 of 4 ranks and 1 of 2, ~45 s on 2 cores)."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -15,7 +14,7 @@ from ablate.config import ConfigError
 from ablate.model.facts import activation_bytes, saved_on_fake
 from ablate.parallel.mesh import Layout
 from ablate.plan import plan
-from conftest import RUN_COMMON, compose_cfg, main_in_process, read_jsonl, run_cli, run_in_process
+from conftest import compose_cfg, main_in_process, run_in_process
 
 
 def layout(*overrides: str) -> Layout:
@@ -170,22 +169,10 @@ def test_the_layout_never_changes_the_numbers(trained):
     assert state["fsdp_tp"] == pytest.approx(state["fsdp4"], rel=0.05)
 
 
-@pytest.mark.slow
-def test_a_users_model_splits_by_the_tp_plan_it_declares(user_files, tmp_path, monkeypatch):
-    """The user's model file names its plan (tests/user/conf/model/mine_tp.yaml): 2 tp ranks (`python -m ablate`,
-    ~10 s) train what one rank trains (in this process, ~2 s); a user's model without a plan, and model=hf, are
-    refused in one line."""
+def test_a_users_model_without_a_plan_and_model_hf_are_refused_tp(user_files):
+    """A user's model without a tp_plan, and model=hf, are refused in one line (its plan's runs:
+    tests/test_your_split.py)."""
     search = f"hydra.searchpath=[file://{user_files.config_dir}]"
-    split = run_cli(["--config-dir", str(user_files.config_dir), "model=mine_tp", *RUN_COMMON, "parallel=none",
-                     "parallel.tp=2", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'tp2'}"],
-                    env=user_files.env)
-    assert split.returncode == 0, split.stderr[-2000:]
-    monkeypatch.syspath_prepend(str(user_files.module_dir))
-    run_in_process(tmp_path / "one", [search, "model=mine_tp", *RUN_COMMON[1:]])
-    tp2, one = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("tp2", "one"))
-    assert [r["loss"] for r in tp2] == pytest.approx([r["loss"] for r in one], rel=2e-3)
-    summary = json.loads((tmp_path / "tp2" / "summary.json").read_text())
-    assert summary["mesh"]["tp"] == 2 and summary["comm_bytes_by_dim"]["tp"] > 0
     with pytest.raises(ConfigError, match=r"your model \(mymodels.MLPLM\) declares no tp_plan"):
         layout(search, "model=mine", "parallel=none", "parallel.tp=2", "launcher.nproc_per_node=2")
     with pytest.raises(ConfigError, match="model=hf has no tensor-parallel plan"):
