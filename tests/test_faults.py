@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ablate import units
 from ablate.train import checkpoint, guards, manifest
 from conftest import AS_TYPED_IN_A_TERMINAL, REPO, launch_in_process, main_in_process, read_jsonl, run_cli
 from planted import planted
@@ -143,9 +144,22 @@ def test_nan_training_stops_in_one_line_and_never_checkpoints_nan(tmp_path, monk
     assert main_in_process(monkeypatch, args) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("ablate: stopped at step") and ("non-finite" in last or "not finite" in last)
+    assert (tmp_path / "summary.json").exists()   # the figures up to the stop are kept
     for ckpt in (tmp_path / "checkpoint", tmp_path / "checkpoint.prev"):
         if ckpt.exists():
             assert _finite(ckpt), ckpt
+
+
+@pytest.mark.slow   # trains (in process, ~2 s)
+def test_a_run_that_ends_diverged_says_so_in_one_line_and_keeps_its_summary(tmp_path, monkeypatch, capsys):
+    """Fewer non-finite steps than train.max_nonfinite_steps, but the last loss is NaN: not a success. The console's
+    table prints NaN as such (it once raised converting NaN to an integer)."""
+    code = main_in_process(monkeypatch, [*FAST, "optim.lr=1e8", "train.steps=8", f"hydra.run.dir={tmp_path}"])
+    said = capsys.readouterr()
+    err = said.err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("ablate: ended at step 8 with a non-finite loss"), err[-3:]
+    assert "Traceback" not in said.err and units.fmt("loss", float("nan")) == "nan"
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 8
 
 
 @pytest.mark.slow   # trains (in process): not the fast tier

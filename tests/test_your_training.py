@@ -5,6 +5,7 @@ in runs end to end once (costs noted per test)."""
 import csv
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -165,8 +166,13 @@ def test_files_that_cannot_feed_the_run_are_refused_in_one_line(tmp_path, user_f
         data_group.check(DataConfig(name="tokens", path=str(user_files.tokens)), 64, 256)
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\x00" * 101)
-    with pytest.raises(ConfigError, match="101 bytes is not a whole number of uint16 ids"):
+    with pytest.raises(ConfigError, match="101 bytes is not a whole number of uint16 ids; nor of any dtype"):
         data_group.check(DataConfig(name="tokens", path=str(odd)), 4, 512)
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    for path, message in ((empty, "an empty file (0 bytes)"), (tmp_path, "a directory; give a file of token ids")):
+        with pytest.raises(ConfigError, match=re.escape(f"data.path={path}: {message}")):
+            data_group.check(DataConfig(name="tokens", path=str(path)), 4, 512)
 
 
 def test_a_datasets_folder_is_packed(user_files):

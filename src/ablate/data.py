@@ -40,6 +40,11 @@ def llmc_header(path: Path) -> Optional[Tuple[np.dtype, int]]:
 def token_file(cfg: DataConfig) -> np.ndarray:
     """The token ids of a `data=tokens` file, memory-mapped (nothing read until a batch needs it)."""
     path = Path(cfg.path)
+    if path.is_dir():
+        raise ConfigError(f"data.path={cfg.path}: a directory; give a file of token ids (data=hf reads a datasets "
+                          "folder)")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"data.path={cfg.path}: an empty file (0 bytes); give a file of token ids")
     header = llmc_header(path)
     if header is not None:
         dtype, count = header
@@ -48,8 +53,9 @@ def token_file(cfg: DataConfig) -> np.ndarray:
     size = path.stat().st_size
     if size % dtype.itemsize:
         fits = [d for d in TOKEN_DTYPES if size % np.dtype(d).itemsize == 0]
-        raise ConfigError(f"data.path={cfg.path}: {size} bytes is not a whole number of {cfg.dtype} ids; "
-                          f"valid choices: data.dtype={', '.join(fits)}")
+        hint = f"valid choices: data.dtype={', '.join(fits)}" if fits else \
+            f"nor of any dtype ablate reads ({', '.join(TOKEN_DTYPES)}): a truncated or foreign file?"
+        raise ConfigError(f"data.path={cfg.path}: {size} bytes is not a whole number of {cfg.dtype} ids; {hint}")
     return np.memmap(path, dtype=dtype, mode="r")
 
 

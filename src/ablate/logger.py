@@ -209,7 +209,7 @@ class Tracker:
         except Exception:
             pass
 
-    def finish(self, summary: Dict[str, object], kind: str = "run") -> None:
+    def finish(self, summary: Dict[str, object], kind: str = "run", exit_code: int = 0) -> None:
         if not self.enabled:
             return
         summary.setdefault("notes", {}).update(self.notes)
@@ -222,7 +222,7 @@ class Tracker:
                 flat.update(flattened(summary.get(key) or {}, f"{key}/"))
             self._guarded("summary", lambda: self.wandb.summary.update(flat))
         record.write(self.run_dir, summary, kind)
-        self.close()
+        self.close(exit_code)
 
     def close(self, exit_code: int = 0) -> None:
         if self.enabled and not self.jsonl.closed:

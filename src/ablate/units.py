@@ -3,6 +3,7 @@ views) and one way to write a figure for people: with its unit and thousands sep
 The console, summary tables, report, effects, plots and the regression gate all read it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -115,7 +116,10 @@ def unit(metric: str, magnitude: float = 1e9) -> Tuple[str, float]:
 
 
 def number(value: float) -> str:
-    """Plain digits with separators: 4 significant digits below 1000, whole numbers above."""
+    """Plain digits with separators: 4 significant digits below 1000, whole numbers above; NaN and inf as such (a
+    diverged run's figures)."""
+    if not math.isfinite(value):
+        return str(value)
     if value == int(value) and abs(value) < 1e15:
         return f"{int(value):,}"
     if abs(value) >= 1000:

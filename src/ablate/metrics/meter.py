@@ -158,6 +158,9 @@ class Meter:
         return out
 
     # -- end of run ---------------------------------------------------------------------------------
+    def has_measured_steps(self) -> bool:
+        return bool(self.window["steps"] and self.window["time"])
+
     def summary(self) -> Dict[str, object]:
         if not self.window["steps"] or not self.window["time"]:
             raise RuntimeError("no measured steps: the run ended inside its warm-up")

@@ -4,6 +4,7 @@ non-finite rule). Built by trainer.py, which assembles a rank's run around it.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import sys
@@ -17,6 +18,11 @@ from ablate.metrics.activations import SavedTensors
 from ablate.metrics.collectors import Collected, StepEvent
 from ablate.metrics.profile import StepProfiler
 from ablate.train import checkpoint, hooks, signals
+
+
+class Diverged(RunStopped):
+    """Training diverged (non-finite loss or gradient norm): the run stops in one line, its figures so far still
+    summarised (summary.json), as a run that ended."""
 
 
 class Loop:
@@ -99,6 +105,7 @@ class Loop:
                 self.add_profile(row)
                 self.log(step, row)
                 self.check_finite(step)
+                self.check_ended_finite(step, row)
             self.progress.advance(step, row)
             self.between_steps(step)
 
@@ -150,8 +157,17 @@ class Loop:
         steps count alike) stop the run with one line."""
         limit, bad = self.cfg.train.max_nonfinite_steps, self.meter.consecutive_nonfinite()
         if limit and bad >= limit:
-            raise RunStopped(f"stopped at step {step}: {bad} consecutive steps with a non-finite loss or "
-                                        f"gradient norm (train.max_nonfinite_steps={limit}); {self.last_good()}")
+            raise Diverged(f"stopped at step {step}: {bad} consecutive steps with a non-finite loss or "
+                           f"gradient norm (train.max_nonfinite_steps={limit}); {self.last_good()}")
+
+    def check_ended_finite(self, step: int, row: Dict) -> None:
+        """A run whose last logged loss (the mean over ranks: every rank agrees) is NaN or inf did not train: it
+        ends in one line and a non-zero exit, its summary.json kept (fp16's skipped steps keep a finite loss)."""
+        loss = row.get("loss")
+        if step == self.cfg.train.steps and loss is not None and not math.isfinite(loss):
+            raise Diverged(f"ended at step {step} with a non-finite loss ({loss}; {self.meter.consecutive_nonfinite()} "
+                           f"consecutive steps with a non-finite loss or gradient norm): training diverged; the "
+                           f"figures are in {self.run_dir / 'summary.json'}; {self.last_good()}")
 
     def between_steps(self, step: int) -> None:
         every, last = self.cfg.train.checkpoint_every, self.cfg.train.steps
@@ -167,8 +183,8 @@ class Loop:
         self.check_finite(step)
         weights_finite, loss_finite = self.strategy.finite_on_every_rank(self.meter.last_loss_finite())
         if not weights_finite:   # NaN weights never recover: stop, keep the last good one
-            raise RunStopped(f"stopped at step {step}: the weights are not finite, so no checkpoint was "
-                                        f"written from them; {self.last_good()}")
+            raise Diverged(f"stopped at step {step}: the weights are not finite, so no checkpoint was written from "
+                           f"them; {self.last_good()}")
         if not loss_finite:      # fp16: finite weights whose forward overflows; resuming them is NaN at once
             if self.env.is_main:
                 print(f"ablate: warning: step {step}: the loss is not finite, so no checkpoint was written "

@@ -26,7 +26,7 @@ from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
 from ablate.parallel.tp_plan import split_params
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
-from ablate.train.loop import Loop
+from ablate.train.loop import Diverged, Loop
 
 FAILURES_DIR = ".failures"   # <run dir>/.failures/rank{N}.txt: each failing rank's own error, as it happened
 
@@ -147,8 +147,14 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved, blocks)
         loop.saved_step = start_step or None
+        diverged: Optional[Diverged] = None
         try:
             loop.run(start_step)
+        except Diverged as e:   # its figures so far are still summarised (summary.json), then its one line
+            if not meter.has_measured_steps():
+                tracker.close(exit_code=1)
+                raise
+            diverged = e
         except checkpoint.Preempted as stop:
             tracker.close(exit_code=0)
             progress.close()
@@ -200,8 +206,10 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "sweep": resolved.get("sweep") or {},
             })
             loop.collected.into_summary(summary, collected)
-            tracker.finish(summary)
+            tracker.finish(summary, exit_code=1 if diverged else 0)
             print_summary(summary)
+        if diverged is not None:
+            raise diverged
         clean = True
         return summary if env.is_main else None
     except Exception as e:   # its own error, noted before the peers see the connection close (failures.py)
