@@ -32,6 +32,10 @@ def test_an_empty_run_dir_and_a_locked_one_are_refused(tmp_path, monkeypatch, ca
     for empty in ("hydra.run.dir=", "hydra.run.dir=''", 'hydra.run.dir=""'):   # in process, ~0.1 s each
         assert main_in_process(monkeypatch, [empty]) == 2
         assert "hydra.run.dir is empty" in capsys.readouterr().err
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):   # a folder name no filesystem takes
+        assert main_in_process(monkeypatch, ["-m" if "sweep" in key else "logger=none", f"{key}=runs/{'x' * 300}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{key}: a name of 300 bytes" in err[0], err
     assert not list(tmp_path.iterdir())       # nothing written into the current directory
     guards.lock(tmp_path / "busy")            # another live run holds this directory
     try:

@@ -87,6 +87,7 @@ def main() -> None:
     try:
         argv = in_place(sys.argv[1:])   # `train.resume=DIR` alone: that run's own command, in DIR (train/in_place.py)
         argv = own_model_keys(argv)
+        guards.check_run_dir_override(argv)   # an empty or over-long name: said before any path is looked at
     except AblateError as e:
         sys.exit(_said(e))
     sys.argv[1:] = argv   # what hydra.main reads, should the command go there

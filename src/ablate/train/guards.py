@@ -1,7 +1,8 @@
 """Refusals that protect what is already recorded: each one line, before work (no torch here: the
 command line runs them while composing; whether a run fits in memory is memory_guard.py).
 
-- The run directory: empty `hydra.run.dir=` (it would write into the current directory), a directory that
+- The run directory: empty `hydra.run.dir=` (it would write into the current directory), a folder name longer
+  than a filesystem takes, a directory that
   already holds a run (unless it is being resumed), one another live run is writing into (a lock), one
   that cannot be written (read-only, full).
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from ablate.config import ConfigError
+from ablate.config.arguments import NAME_MAX
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
 _LOCKS = {}   # run dir (resolved) -> open lock file, held until the run ends (release) or the process exits
@@ -23,10 +25,18 @@ _CLAIMED = set()   # run dirs this process claimed: the only ones a refusal of t
 
 def check_run_dir_override(overrides) -> None:
     for o in overrides:
+        if not o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            continue
+        key, value = o.split("=", 1)
+        value = value.strip().strip("'\"").strip()
         # '' and "" too: Hydra reads a quoted empty string as the empty path, the current directory
-        if o.startswith("hydra.run.dir=") and not o.split("=", 1)[1].strip().strip("'\"").strip():
-            raise ConfigError("hydra.run.dir is empty: it would write into the current directory; give a directory "
+        if not value:
+            raise ConfigError(f"{key} is empty: it would write into the current directory; give a directory "
                               "(the default is runs/<date>/<time>)")
+        long = next((part for part in Path(value).parts if len(part.encode()) > NAME_MAX), None)
+        if long is not None:
+            raise ConfigError(f"{key}: a name of {len(long.encode())} bytes ({long[:40]}...); a filesystem takes at "
+                              f"most {NAME_MAX} in one folder name")
 
 
 def holds_a_run(run_dir: Path) -> bool:
