@@ -34,6 +34,26 @@ def test_the_space_takes_several_knobs_per_flag_and_refuses_a_key_no_config_has(
     assert not (tmp_path / "D").exists()
 
 
+def test_an_objective_no_trial_would_record_is_refused_before_any_runs(tmp_path, user_files, monkeypatch, capsys):
+    """In process (~1 s): `--objective nosuch` is one line and exit 2, nothing written; a figure the registry
+    declares, a mesh dim's bytes and a figure a collector declares (`figures`) are taken."""
+    from ablate.tune import check_objective
+    from ablate.tune.__main__ import main
+
+    code = main(["--space", "optim=adamw,sgd", "--objective", "nosuch", "--dir", str(tmp_path / "D"), "--",
+                 "logger=none"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--objective nosuch: not a figure every trial records" in err[0], err
+    assert not (tmp_path / "D").exists()
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    mine = [{"_target_": "mycollectors.LossDrop"}]
+    for objective in ("mfu", "activation_bytes", "comm_bytes_by_dim.tp", "loss_drop_total"):
+        check_objective(objective, mine)
+    with pytest.raises(ConfigError, match="your collectors declare: loss_drop, loss_drop_total"):
+        check_objective("loss_dropped", mine)
+    assert direction("activation_bytes") == "minimize" and direction("data_wait_frac") == "minimize"
+
+
 def test_fixed_overrides_are_judged_with_each_point_not_alone(tmp_path, monkeypatch):
     """In process (~2 s): `-- launcher.nproc_per_node=2` alone is parallel=none on 2 ranks (refused), but every
     point of `--space parallel=ddp,zero2` makes it a valid run: the tune starts its first trial."""

@@ -62,6 +62,14 @@ FIGURES = _declare(
     Figure("scaler_skipped_steps", "count", "steps", "lower", views=("console", "arm")),
     Figure("loss_scale", "plain"),
     Figure("grad_norm", "plain"),
+    # shown by no view of their own; declared so that a search can aim at them (ablate.tune --objective)
+    Figure("step_time_p90_s", "time", "s", "lower"),
+    Figure("step_time_mean_s", "time", "s", "lower"),
+    Figure("tokens_per_s_wall", "rate", "tok/s", "higher"),
+    Figure("stall_s", "time", "s", "lower"),
+    Figure("compute_before_comm_s", "time", "s", "lower"),
+    Figure("activation_bytes", "bytes", better="lower"),
+    Figure("hw_flops_per_token", "flops", "FLOP/token"),
 )
 
 

@@ -4,6 +4,8 @@
 class LossDrop:
     """How far the loss has fallen since the first step, and over the whole run."""
 
+    figures = ("loss_drop", "loss_drop_total")   # optional: what it gives, so ablate.tune may aim at them
+
     def __init__(self, every: int = 1):
         self.every, self.first, self.last = every, None, None
 

@@ -15,12 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ablate import units
 from ablate.config import ConfigError
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
+from ablate.metrics import collectors
+from ablate.parallel.mesh import DIMS
 
-# objectives whose smaller value is better; every other figure is maximised
-MINIMISED = ("step_time_s", "step_time_p90_s", "mem_peak_bytes", "mem_reserved_bytes", "loss")
+# objectives whose smaller value is better (as the figure registry declares them, and the loss); every other
+# figure, a collector's too, is maximised
+MINIMISED = tuple(name for name, f in units.FIGURES.items() if f.better == "lower") + ("loss",)
+NESTED = ("comm_bytes_by_dim",)   # summary.json nodes an objective may name a key of: comm_bytes_by_dim.tp
 STATES = ("complete", "pruned", "failed", "oom")
 
 
@@ -42,6 +47,21 @@ def parse_space(items: List[str]) -> Dict[str, List[str]]:
     if not space:
         raise ConfigError("give at least one --space KEY=V1,V2")
     return space
+
+
+def check_objective(objective: str, collector_specs) -> None:
+    """The objective is a figure every trial will record: one the registry declares (units.FIGURES), a mesh dim's
+    bytes (comm_bytes_by_dim.tp), or one a collector of the trials declares (a `figures` tuple on its class);
+    else one line before any trial runs."""
+    declared = {name for _, target, _ in collectors.check(collector_specs) for name in getattr(target, "figures", ())}
+    node, _, key = objective.partition(".")
+    numbers = [name for name in units.FIGURES if not name.endswith("_source")]   # (a source is a word)
+    if objective in numbers or objective in declared or (node in NESTED and key in DIMS):
+        return
+    mine = f"; your collectors declare: {', '.join(sorted(declared))}" if declared else ""
+    raise ConfigError(f"--objective {objective}: not a figure every trial records; valid: "
+                      f"{', '.join(numbers)}, comm_bytes_by_dim.<{'|'.join(DIMS)}>, or a figure a collector "
+                      f"declares (`figures = (...)` on its class: docs/collectors.md){mine}")
 
 
 def direction(objective: str) -> str:

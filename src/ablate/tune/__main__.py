@@ -25,7 +25,17 @@ from ablate.config.command_line import config_dir_override
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.sweeps import allocation
 from ablate.train import guards
-from ablate.tune import Trial, best_two, direction, grid_size, output, parse_space, prune_reason, run_trial
+from ablate.tune import (
+    Trial,
+    best_two,
+    check_objective,
+    direction,
+    grid_size,
+    output,
+    parse_space,
+    prune_reason,
+    run_trial,
+)
 from ablate.tune.slurm import Steps, driver_command, trial_configs
 
 STUDY = "ablate-tune"
@@ -157,6 +167,8 @@ def run(args, base: List[str]) -> int:
     if not any(o.startswith("logger.group=") for o in base):   # one W&B group for the trials of this tune
         base = [*base, f"logger.group='tune-{args.dir.resolve().name}'"]
     configs = trial_configs(space, base)   # every point composed with the fixed overrides: one line if one cannot
+    for cfg in configs.values():            # the objective is a figure each trial will record, said before any runs
+        check_objective(args.objective, cfg.metrics.collectors)
     if not (allocation.allocates(configs) and not allocation.inside()):   # this call runs the trials: it owns
         guards.hold(args.dir, "ablate.tune", "tune")                       # --dir before the study is opened
     args.dir.mkdir(parents=True, exist_ok=True)
