@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from ablate.config import ConfigError
 from conftest import launch_in_process, read_jsonl, run_in_process
 
 COMMON = ["logger=none", "train.log_every=2", "train.warmup_steps=1", "metrics.gemm_probe_n=128"]
@@ -78,6 +79,20 @@ def test_a_resume_on_more_ranks_lists_the_global_batch_it_changes():
     assert check_resumable(saved, now, step=10, world=2, saved_world=2) == {}
     fixed = {**now, "train": {**now["train"], "global_batch_size": 64}}
     assert check_resumable(saved, fixed, step=10, world=2, saved_world=1) == {"global_batch": [16, 64]}
+
+
+def test_a_resume_that_would_stretch_a_decaying_schedule_says_how_to_keep_it():   # in process, ~0 s
+    from ablate.train.resumable import check_resumable
+
+    saved = {"train": {"steps": 10}, "optim": {"schedule": "warmup_cosine"}, "parallel": {"name": "none"}}
+    now = {"train": {"steps": 15}, "optim": {"schedule": "warmup_cosine"}, "parallel": {"name": "none"}}
+    with pytest.raises(ConfigError, match="decayed over 10: its learning rate would rise again; keep its schedule "
+                                          "with optim.decay_steps=10"):
+        check_resumable(saved, now, step=10, world=1, saved_world=1)
+    kept = {**now, "optim": {"schedule": "warmup_cosine", "decay_steps": 10}}
+    assert check_resumable(saved, kept, step=10, world=1, saved_world=1) == {"optim.decay_steps": [None, 10]}
+    constant = {"train": {"steps": 15}, "optim": {"schedule": "constant"}, "parallel": {"name": "none"}}
+    assert check_resumable({**saved, "optim": {"schedule": "constant"}}, constant, 10, 1, 1) == {}
 
 
 def test_a_resume_with_another_seed_or_sequence_length_lists_them():   # in process, ~0 s

@@ -120,6 +120,8 @@ def test_schedules_by_hand():
     lin = OptimConfig(lr=1.0, schedule="warmup_linear", warmup_steps=0, min_lr_ratio=0.0)
     assert [optim.lr_at(s, lin, 4) for s in (1, 2, 4)] == [0.75, 0.5, 0.0]
     assert optim.lr_at(3, OptimConfig(lr=0.5), 10) == 0.5
+    kept = OptimConfig(lr=1.0, schedule="warmup_cosine", warmup_steps=4, min_lr_ratio=0.1, decay_steps=12)
+    assert [optim.lr_at(s, kept, 20) for s in (8, 12, 16)] == pytest.approx([0.55, 0.1, 0.1])   # the floor held
 
 
 def test_optimizers_by_name_or_target():

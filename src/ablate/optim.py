@@ -117,14 +117,16 @@ def describe(optimizer: torch.optim.Optimizer) -> Dict[str, object]:
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
     """The learning rate of optimizer step `step` (1-based): linear warm-up over optim.warmup_steps to
-    optim.lr, then constant, or a cosine or linear decay to optim.lr x optim.min_lr_ratio at the last step."""
+    optim.lr, then constant, or a cosine or linear decay to optim.lr x optim.min_lr_ratio at the last step
+    (optim.decay_steps, when given: the floor is held after it)."""
     warmup = cfg.warmup_steps
     if step <= warmup:
         return cfg.lr * step / warmup
     if cfg.schedule == "constant":
         return cfg.lr
     floor = cfg.lr * cfg.min_lr_ratio
-    progress = (step - warmup) / max(1, total_steps - warmup)   # 0 after warm-up .. 1 at the last step
+    horizon = cfg.decay_steps or total_steps
+    progress = min(1.0, (step - warmup) / max(1, horizon - warmup))   # 0 after warm-up .. 1 at the horizon
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "warmup_cosine" else 1 - progress
     return floor + (cfg.lr - floor) * shape
 

@@ -27,6 +27,9 @@ class OptimConfig:
     schedule: str = "constant"   # constant | warmup_cosine | warmup_linear
     warmup_steps: int = num(0, 0)                     # linear warm-up from lr / warmup_steps to lr
     min_lr_ratio: float = num(0.1, 0, 1)              # the decay's floor, as a share of lr
+    # the step the decay reaches its floor (held after it); null: train.steps. A resume that changes train.steps
+    # keeps the checkpoint's schedule only with this set to the checkpoint's horizon (train/resumable.py)
+    decay_steps: Optional[int] = num(None, 1, null="train.steps")
     args: Dict[str, Any] = field(default_factory=dict)   # more keyword arguments for a `_target_` optimizer
 
     def __post_init__(self):
@@ -36,7 +39,7 @@ class OptimConfig:
 
 # keys of a user's optimizer file that are ablate's (its learning-rate schedule); every other key, `lr` included,
 # is an argument of `_target_` (ablate reads `lr` too: the schedule scales it)
-USER_OPTIM_KEYS = ("name", "_target_", "schedule", "warmup_steps", "min_lr_ratio")
+USER_OPTIM_KEYS = ("name", "_target_", "schedule", "warmup_steps", "min_lr_ratio", "decay_steps")
 
 
 @dataclass
@@ -51,6 +54,7 @@ class UserOptimConfig:
     schedule: str = "constant"   # constant | warmup_cosine | warmup_linear
     warmup_steps: int = num(0, 0)   # linear warm-up from lr / warmup_steps to lr
     min_lr_ratio: float = num(0.1, 0, 1)   # the decay's floor, as a share of lr
+    decay_steps: Optional[int] = num(None, 1, null="train.steps")   # the step the decay reaches its floor
 
     def __post_init__(self):
         check_ranges(self, "optim")
@@ -64,7 +68,8 @@ class UserOptimConfig:
             raise ConfigError(f"optim.lr: {node['_target_']} needs a learning rate in its file (ablate's schedule "
                               "scales it); give `lr:`")
         args = {k: v for k, v in node.items() if k not in USER_OPTIM_KEYS and k != "lr"}
-        kept = {k: node[k] for k in ("schedule", "warmup_steps", "min_lr_ratio") if node.get(k) is not None}
+        kept = {k: node[k] for k in ("schedule", "warmup_steps", "min_lr_ratio", "decay_steps")
+                if node.get(k) is not None}
         return cls(target=str(node["_target_"]), lr=float(node["lr"]), name=node.get("name") or "custom", args=args,
                    **kept)
 

@@ -3,7 +3,8 @@ line is read back from what Hydra kept of it (DIR/.hydra/hydra.yaml: the task's 
 searched), so the run's own config, model and data come back from any directory; every step is logged once in
 DIR/metrics.jsonl and nothing is written where the command is typed.
 
-Typed beside it: what only extends or watches the run (more `train.steps`, how often it logs or checkpoints, the
+Typed beside it: what only extends or watches the run (more `train.steps`, a decaying schedule's horizon kept with
+`optim.decay_steps`, how often it logs or checkpoints, the
 logger, what is measured), or the run's own values again; anything else would make it another run, refused in one
 line (give `hydra.run.dir=NEW` to continue into
 a new run with other values: the checkpoint then says what may change, train/resumable.py). `train.resume` naming
@@ -19,7 +20,8 @@ import yaml
 from ablate.config import ConfigError
 
 # keys a resume in place may take besides train.resume: they extend or watch the run, not change what it trains
-BESIDE = ("train.steps", "train.log_every", "train.checkpoint_every", "logger", "metrics", "launcher.wait")
+BESIDE = ("train.steps", "optim.decay_steps", "train.log_every", "train.checkpoint_every", "logger", "metrics",
+          "launcher.wait")
 
 
 def resumed_dir(argv: List[str]) -> Optional[Path]:

@@ -11,7 +11,7 @@ from ablate.train.checkpoint import check_complete, newest_whole, read_meta, res
 # what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
 FIXED = ("model", "precision.name", "optim.name", "optim._target_", "parallel.tp")
 CHANGEABLE = ("optim.lr", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.schedule", "optim.warmup_steps",
-              "optim.min_lr_ratio", "train.max_grad_norm",
+              "optim.min_lr_ratio", "optim.decay_steps", "train.max_grad_norm",
               # allowed, but the run is no longer the saved one's continuation: another data order, other shapes
               "train.seed", "train.seq_len", "data.name", "data.path")
 
@@ -41,11 +41,27 @@ def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, sav
         raise ConfigError(f"train.resume: the checkpoint cannot continue under "
                           f"{', '.join(_change(k, a, b, saved_world, world) for k in fixed[:4])}; resume with the "
                           "checkpoint's values, or start a new run")
+    _check_horizon(a, b, step)
     changed = {k: [a.get(k), b.get(k)] for k in CHANGEABLE if a.get(k) != b.get(k)}
     batch = [_global_batch(a, saved_world or world), _global_batch(b, world)]
     if batch[0] != batch[1]:   # more ranks (or another batch size): the same step now sees more sequences
         changed["global_batch"] = batch
     return changed
+
+
+def _check_horizon(a: Dict, b: Dict, step: int) -> None:
+    """A decaying schedule runs over train.steps: a resume that changes train.steps would stretch the decay and
+    raise the rate again (warmup_cosine over 10 steps, resumed to 15: 1e-4 at step 10, 3e-4 at step 11). Refused
+    unless optim.decay_steps says which horizon to keep (the checkpoint's, or a new one on purpose)."""
+    if b.get("optim.schedule", "constant") == "constant" or b.get("optim.decay_steps") is not None:
+        return
+    was = a.get("optim.decay_steps") or a.get("train.steps")
+    if was is None or was == b.get("train.steps"):
+        return
+    raise ConfigError(f"train.steps={b.get('train.steps')}: optim.schedule={b.get('optim.schedule')} decays over "
+                      f"train.steps, and the checkpoint's run (at step {step}) decayed over {was}: its learning rate "
+                      f"would rise again; keep its schedule with optim.decay_steps={was} (the floor holds after it), "
+                      "or give optim.decay_steps=N for a new horizon")
 
 
 def _change(key: str, a: Dict, b: Dict, saved_world: Optional[int], world: int) -> str:
