@@ -170,6 +170,10 @@ def test_requests_the_partition_can_never_run_are_named():
     assert "at most 4 node(s) per job (MaxNodes)" in refusal(_launcher(nodes=8, nproc_per_node=8, gpus_per_node=8), gpu)
     long = refusal(_launcher(nodes=4, gpus_per_node=8, timeout_min=2000), gpu)
     assert long.startswith("launcher.timeout_min=2000") and "MaxTime=1-00:00:00" in long
+    every = refusal(_launcher(**{**fits, "cpus_per_task": 8, "gpus_per_node": 8, "mem_gb": 64}), debug)
+    assert [p.split(":")[0] for p in every.split("; and ")] == [   # every problem at once, each with its fix
+        "launcher.nproc_per_node=1 x launcher.cpus_per_task=8 = 8 CPUs per node, but the nodes of partition 'debug' "
+        "have at most 2 CPUs; use launcher.cpus_per_task<=2", "launcher.gpus_per_node=8", "launcher.mem_gb=64"]
 
 
 def test_waiting_shows_state_changes_once_in_a_log_and_on_one_line_in_a_terminal():

@@ -112,45 +112,55 @@ def partition(name: Optional[str]) -> Partition:
 
 
 def refusal(lc: LauncherConfig, part: Partition) -> Optional[str]:
-    """The first thing in the request that this partition can never run, as one line; None if it fits."""
+    """Everything in the request that this partition can never run, in one line (each problem with its fix, all at
+    once: a request is mended in one go); None if it fits."""
+    found = problems(lc, part)
+    return "; and ".join(found) if found else None
+
+
+def problems(lc: LauncherConfig, part: Partition) -> List[str]:
     where = f"partition '{part.name}'"
+    out = []
     if not part.state.upper().startswith("UP"):
-        return f"{where} is {part.state}: jobs would wait until an administrator brings it up"
+        out.append(f"{where} is {part.state}: jobs would wait until an administrator brings it up")
     if lc.nodes > len(part.nodes):
         have = len(part.nodes)
-        return f"launcher.nodes={lc.nodes}: {where} has {have} node(s); use launcher.nodes<={have}"
-    if part.max_nodes is not None and lc.nodes > part.max_nodes:
-        return f"launcher.nodes={lc.nodes}: {where} allows at most {part.max_nodes} node(s) per job (MaxNodes)"
+        out.append(f"launcher.nodes={lc.nodes}: {where} has {have} node(s); use launcher.nodes<={have}")
+    elif part.max_nodes is not None and lc.nodes > part.max_nodes:
+        out.append(f"launcher.nodes={lc.nodes}: {where} allows at most {part.max_nodes} node(s) per job (MaxNodes)")
     if part.max_time_min is not None and lc.timeout_min > part.max_time_min:
-        return (f"launcher.timeout_min={lc.timeout_min}: {where} allows at most {part.max_time_min} min (MaxTime="
-                f"{part.max_time_text}); use launcher.timeout_min<={part.max_time_min}")
-    return _node_refusal(lc, part)
+        out.append(f"launcher.timeout_min={lc.timeout_min}: {where} allows at most {part.max_time_min} min (MaxTime="
+                   f"{part.max_time_text}); use launcher.timeout_min<={part.max_time_min}")
+    return out + _node_problems(lc, part, nodes_said=bool(out) and out[-1].startswith("launcher.nodes"))
 
 
-def _node_refusal(lc: LauncherConfig, part: Partition) -> Optional[str]:
+def _node_problems(lc: LauncherConfig, part: Partition, nodes_said: bool) -> List[str]:
     """Each node must hold nproc_per_node tasks of cpus_per_task CPUs, mem_gb and gpus_per_node GPUs."""
     cpus, mem_mb, gpus = lc.nproc_per_node * lc.cpus_per_task, (lc.mem_gb or 0) * 1024, lc.gpus_per_node
     fits = [n for n in part.nodes if n.cpus >= cpus and n.mem_mb >= mem_mb and n.gpus >= gpus]
-    if len(fits) >= lc.nodes:
-        return None
+    if len(fits) >= lc.nodes or not part.nodes:
+        return []
     where = f"the nodes of partition '{part.name}'"
+    out = []
     most_cpus = max(n.cpus for n in part.nodes)
     if cpus > most_cpus:
         per_task = most_cpus // lc.nproc_per_node
         change = (f"use launcher.cpus_per_task<={per_task}" if per_task else
                   f"use launcher.nproc_per_node<={most_cpus} with launcher.cpus_per_task=1")
-        return (f"launcher.nproc_per_node={lc.nproc_per_node} x launcher.cpus_per_task={lc.cpus_per_task} = {cpus} "
-                f"CPUs per node, but {where} have at most {most_cpus} CPUs; {change}")
+        out.append(f"launcher.nproc_per_node={lc.nproc_per_node} x launcher.cpus_per_task={lc.cpus_per_task} = "
+                   f"{cpus} CPUs per node, but {where} have at most {most_cpus} CPUs; {change}")
     most_gpus = max(n.gpus for n in part.nodes)
     if gpus > most_gpus:
         have = f"at most {most_gpus} GPUs" if most_gpus else "no GPUs (no gpu gres)"
-        return f"launcher.gpus_per_node={gpus}: {where} have {have}; use launcher.gpus_per_node<={most_gpus}"
+        out.append(f"launcher.gpus_per_node={gpus}: {where} have {have}; use launcher.gpus_per_node<={most_gpus}")
     most_mem = max(n.mem_mb for n in part.nodes)
     if mem_mb > most_mem:
-        return (f"launcher.mem_gb={lc.mem_gb}: {where} have at most {most_mem // 1024} GB (RealMemory={most_mem} MB); "
-                f"use launcher.mem_gb<={most_mem // 1024}, or null for the node's default")
-    return (f"launcher.nodes={lc.nodes}: only {len(fits)} of {where} have {cpus} CPUs, {lc.mem_gb or 0} GB "
-            f"and {gpus} GPUs together; use launcher.nodes<={len(fits)}")
+        out.append(f"launcher.mem_gb={lc.mem_gb}: {where} have at most {most_mem // 1024} GB (RealMemory={most_mem} "
+                   f"MB); use launcher.mem_gb<={most_mem // 1024}, or null for the node's default")
+    if not out and not nodes_said:
+        out.append(f"launcher.nodes={lc.nodes}: only {len(fits)} of {where} have {cpus} CPUs, {lc.mem_gb or 0} GB "
+                   f"and {gpus} GPUs together; use launcher.nodes<={len(fits)}")
+    return out
 
 
 def check(lc: LauncherConfig) -> None:
