@@ -672,3 +672,40 @@ def test_a_disk_that_fills_while_metrics_are_written_stops_in_one_line(tmp_path,
         assert checkpoint.read_meta(disk / "run" / "checkpoint")["step"] == 6
     finally:
         subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)
+
+
+# -- a user's code that fails: named in one line, the traceback kept, nothing recorded lost ----------------------
+
+@pytest.mark.slow   # two 1-rank runs in process (~2 s each) and one of 2 ranks (~8 s)
+def test_a_collector_that_raises_is_named_in_one_line_and_the_summary_kept(tmp_path, monkeypatch, capsys,
+                                                                         user_files):
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    for at, ranks, says in ((3, 1, "Raises.on_step() raised at step 3: ValueError: a bug in my collector"),
+                            (0, 1, "Raises.summary() raised: KeyError: 'the totals I forgot'"),
+                            (3, 2, "Raises.on_step() raised at step 3: ValueError")):
+        run = tmp_path / f"at{at}_{ranks}"
+        args = [*FAST, "train.steps=8", f"metrics.collectors=[{{_target_: brokencollectors.Raises, at: {at}}}]",
+                f"launcher.nproc_per_node={ranks}", *(["parallel=ddp"] if ranks > 1 else []), f"hydra.run.dir={run}"]
+        code = launch_in_process(args) if ranks > 1 else main_in_process(monkeypatch, args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and says in err[-1] and "Traceback" not in "\n".join(err), err[-3:]
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["raised_at"] is None and "Raises" in summary["notes"]["collectors.Raises"]
+        assert "Traceback" in (run / ".failures" / "stopped-rank0.txt").read_text()
+    refused = main_in_process(monkeypatch, [*FAST, "metrics.collectors=[{_target_: brokencollectors.Raises, when: 3}]",
+                                            f"hydra.run.dir={tmp_path / 'never'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused == 2 and "Raises(when=3) fails: got an unexpected keyword argument 'when'" in err[-1], err
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.slow   # 2 ranks (~8 s)
+def test_a_rank_that_raises_leaves_its_traceback_and_a_short_line(tmp_path, capsys, user_files, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", user_files.env["PYTHONPATH"])   # the ranks' path, and this launcher's
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    code = launch_in_process(["--config-dir", str(user_files.config_dir), "model=fails", *FAST, "parallel=ddp",
+                              "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    note = tmp_path / ".failures" / "rank0.txt"
+    assert code == 1 and len(line) < 300 and f"(traceback: {note})" in line, line
+    assert "RuntimeError: a long error" in line and "Traceback (most recent call last)" in note.read_text()

@@ -108,3 +108,20 @@ class TinyGPT(nn.Module):
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+class FailsAtStep(MLPLM):
+    """Raises a long error (as DTensor's sharding errors are) in its third real forward: a rank's failure."""
+
+    def __init__(self, vocab_size=512, dim=64, n_layers=2):
+        super().__init__(vocab_size, dim, n_layers)
+        self.calls = 0
+
+    def forward(self, tokens):
+        import torch
+
+        if type(tokens) is torch.Tensor and tokens.device.type != "meta":   # a real batch, not a probe
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("a long error: " + "spec " * 2000)
+        return super().forward(tokens)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Optional
 
 PEER_GONE = ("Connection closed by peer", "Connection reset", "remote worker crash")   # it blames a peer
 KILLED = ("SIGTERM", "Signals.")
@@ -90,4 +91,22 @@ def noted_stop(folder):
     noted by train/trainer.py as stopped-rank{N}.txt), the lowest rank first; None when none did."""
     notes = sorted(Path(folder).glob("stopped-rank*.txt"), key=lambda p: int(p.stem[len("stopped-rank"):])) \
         if Path(folder).is_dir() else []
-    return next(((int(p.stem[len("stopped-rank"):]), p.read_text().strip()) for p in notes), None)
+    return next(((int(p.stem[len("stopped-rank"):]), first_line(p.read_text())) for p in notes), None)
+
+
+def first_line(text: str) -> str:
+    """A note's message: its first line (a traceback, when there is one, follows a blank line)."""
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+# the console's line stays short: a long error (DTensor's specs, a C++ stack) is cut, its whole text in the note
+SHOWN_CHARS = 150
+
+
+def shown(message: str, note: Optional[Path] = None) -> str:
+    """A rank's error as the console's one line shows it: its first line, cut at SHOWN_CHARS, and where the whole
+    error and its traceback are (the rank's note in the run dir), when there is one."""
+    text = first_line(message) or message
+    text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS].rstrip() + "..."
+    traced = note is not None and note.exists() and len(note.read_text().strip().splitlines()) > 1
+    return f"{text} (traceback: {note})" if traced else text

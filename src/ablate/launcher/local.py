@@ -121,20 +121,23 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
         codes = {f.exitcode for f in e.failures.values()}
         if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
             raise RunStopped(signals.stopped(max(codes) - 128, run_dir), exit_code=max(codes)) from None
-        stopped = failures.noted_stop(run_dir / train.FAILURES_DIR)
+        notes = run_dir / train.FAILURES_DIR
+        stopped = failures.noted_stop(notes)
         if stopped:                  # a rank stopped the run on purpose, and said why in one line
-            raise RunStopped(stopped[1], exit_code=1) from None
+            raise RunStopped(failures.shown(stopped[1], notes / f"stopped-rank{stopped[0]}.txt"), exit_code=1) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
-        noted = failures.noted_root_cause(run_dir / train.FAILURES_DIR)
-        silent = failures.silent_ranks(run_dir / train.FAILURES_DIR, n)
+        noted = failures.noted_root_cause(notes)
+        silent = failures.silent_ranks(notes, n)
         if not noted and silent and failures.is_consequence(failures.own_error(failure)):
             raise RunFailed(f"rank {silent[0]} ended without a word (killed: kill -9, the OOM killer?); rank {rank} "
                             "stopped too: its peer went away", exit_code=1) from None
         if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):
-            raise RunFailed(f"rank {noted[0]} failed: {noted[1]} (rank {rank} stopped too: its peer went away)",
+            said = failures.shown(noted[1], notes / f"rank{noted[0]}.txt")
+            raise RunFailed(f"rank {noted[0]} failed: {said} (rank {rank} stopped too: its peer went away)",
                             exit_code=1) from None
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
             if others else ""
-        raise RunFailed(f"rank {rank} failed (exit code {failure.exitcode}): {failures.own_error(failure)}{also}",
+        said = failures.shown(failures.own_error(failure), notes / f"rank{rank}.txt")
+        raise RunFailed(f"rank {rank} failed (exit code {failure.exitcode}): {said}{also}",
                         exit_code=failure.exitcode if failure.exitcode > 0 else 1) from None
     return results.get(0)

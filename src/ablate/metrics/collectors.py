@@ -9,12 +9,13 @@ figures in summary.json are rank 0's: a collector that wants every rank's reduce
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from ablate.config import ConfigError
+from ablate.config import ConfigError, RunStopped
 from ablate.config.fields import user_object
 
 
@@ -113,8 +114,31 @@ def check(specs: List[Any]) -> List[tuple]:
         if missing:
             raise ConfigError(f"{key}: {target.__qualname__} has no {' or '.join(missing)}(): a collector needs "
                               "on_step(event) -> dict and summary() -> dict (ablate.metrics.collectors.Collector)")
+        _check_arguments(key, target, spec)
         out.append((key, target, spec))
     return out
+
+
+def _check_arguments(key: str, target, args: Dict[str, Any]) -> None:
+    """The collector's constructor takes these arguments (said before any rank starts or any run dir is made)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):   # a builtin or C callable: its own call says
+        return
+    try:
+        signature.bind(**args)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {target.__qualname__}({', '.join(f'{k}={v!r}' for k, v in args.items())}) "
+                          f"fails: {e}") from None
+
+
+class CollectorFailed(RunStopped):
+    """A collector of the user's raised: the run stops in one line naming it (exit 1), its figures so far kept in
+    summary.json (the failed collector's absent, a note says why); its traceback is in the rank's failure note."""
+
+    def __init__(self, message: str, collector: Any = None):
+        super().__init__(message, exit_code=1)
+        self.collector = collector
 
 
 def build(specs: List[Any]) -> List[Any]:
@@ -134,7 +158,12 @@ def figures(collectors: List[Any], call: str, *args) -> Dict[str, Optional[float
     or None, and no two collectors give the same name."""
     out: Dict[str, Optional[float]] = {}
     for c in collectors:
-        got = getattr(c, call)(*args) or {}
+        try:
+            got = getattr(c, call)(*args) or {}
+        except Exception as e:   # the user's code: named in one line, the run's figures kept (trainer.py)
+            at = f" at step {args[0].step}" if args and hasattr(args[0], "step") else ""
+            raise CollectorFailed(f"metrics.collectors: {type(c).__qualname__}.{call}() raised{at}: "
+                                  f"{type(e).__name__}: {str(e)[:160]}", c) from e
         for name, value in dict(got).items():
             bad = not isinstance(name, str) or not (value is None or isinstance(value, (int, float)))
             if bad or name in out:
@@ -161,19 +190,43 @@ class Collected:
         self.collectors = build(specs)
         self.latest: Dict[str, Optional[float]] = {}
         self.names: List[str] = []
+        self.failed: List[CollectorFailed] = []   # collectors that raised: asked nothing more, said at the end
 
     def on_step(self, event: StepEvent) -> None:
         if self.collectors:
-            self.latest.update(figures(self.collectors, "on_step", event))   # a figure not given: its last value
+            try:
+                self.latest.update(figures(self.collectors, "on_step", event))   # a figure not given: its last value
+            except CollectorFailed as e:
+                self.failed.append(e)
+                raise
 
     def into_row(self, row: Dict[str, object]) -> None:
         merge(row, self.latest, "a metrics.jsonl row")
 
     def totals(self) -> Dict[str, Optional[float]]:
-        """Every collector's summary() (called on every rank: a collector may reduce across them)."""
-        return figures(self.collectors, "summary")
+        """Every collector's summary() (called on every rank: a collector may reduce across them); one that raised,
+        now or before, gives nothing and is remembered (`failed`)."""
+        out: Dict[str, Optional[float]] = {}
+        for c in self.collectors:
+            if any(f.collector is c for f in self.failed):
+                continue
+            try:
+                got = figures([c], "summary")
+            except CollectorFailed as e:
+                self.failed.append(e)
+                continue
+            merge(out, got, "the collectors' totals")
+        return out
 
-    @staticmethod
-    def into_summary(summary: Dict[str, object], totals: Dict[str, Optional[float]]) -> None:
+    def into_summary(self, summary: Dict[str, object], totals: Dict[str, Optional[float]]) -> None:
         merge(summary, totals, "summary.json")
         summary["collected"] = sorted(totals)   # the report compares these (report/runs.py)
+        for failure in self.failed:
+            for name in getattr(failure.collector, "figures", ()):
+                summary.setdefault(name, None)
+            summary.setdefault("notes", {})[f"collectors.{type(failure.collector).__qualname__}"] = \
+                f"{failure}; its figures are absent"
+
+    def failure(self) -> Optional[CollectorFailed]:
+        """The first collector that raised, to end the run with (after its summary.json is written)."""
+        return self.failed[0] if self.failed else None

@@ -173,6 +173,9 @@ class Comm(BuiltIn):
 
     def summary(self, span: Span) -> Dict[str, object]:
         t = self.totals
+        if not span.steps:   # a run stopped inside its warm-up: nothing measured
+            return {"comm_bytes_per_step": None, "comm_calls_per_step": None, "comm_bytes_by_dim": {},
+                    "compute_before_comm_s": None}
         return {"comm_bytes_per_step": t["comm_bytes"] / span.steps,
                 "comm_calls_per_step": t["comm_calls"] / span.steps,
                 "comm_bytes_by_dim": {d: t["comm_by_dim"].get(d, 0) / span.steps for d in self.layout.active_dims()},

@@ -161,9 +161,21 @@ class Meter:
     def has_measured_steps(self) -> bool:
         return bool(self.window["steps"] and self.window["time"])
 
+    def close_interval(self) -> None:
+        """A run stopped between log steps (it diverged, a collector raised): the steps measured since the last log
+        step count too."""
+        if self.measuring:
+            synchronize(self.device)
+            self._interval()
+            self._mark()
+
     def summary(self) -> Dict[str, object]:
-        if not self.window["steps"] or not self.window["time"]:
-            raise RuntimeError("no measured steps: the run ended inside its warm-up")
+        """The run's figures over its measured steps; a run stopped inside its warm-up has none: its timed figures
+        are None, and notes say why."""
+        if not self.has_measured_steps():
+            why = "the run stopped inside its warm-up (train.warmup_steps): no steady step was measured"
+            self.notes.update(dict.fromkeys(("tokens_per_s", "step_time_s", "mfu", "comm_bytes_per_step",
+                                             "data_wait_frac"), why))
         out = self._gather("summary", Span(self.window["time"], self.window["steps"]))
         out.update({"world_size": self.world_size, "seq_len": self.seq_len, "measured_steps": self.window["steps"],
                     "excluded_steps": {k: list(v) for k, v in self.excluded.items()}})

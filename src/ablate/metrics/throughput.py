@@ -69,7 +69,11 @@ class Throughput(BuiltIn):
 
     def rates(self, span: Span, tokens: int, model_flops: float, hw_flops: float) -> Dict[str, object]:
         """`tokens`: this rank's; the tp ranks of its group trained on the same tokens, so a device's share is 1/tp
-        of them and the job's rate is the data-parallel ranks' sum."""
+        of them and the job's rate is the data-parallel ranks' sum. No time measured (a run stopped inside its
+        warm-up): every rate None."""
+        if not span.seconds:
+            return dict.fromkeys(("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "step_time_s",
+                                  "mfu", "hfu", "mfu_vs_measured_peak", "mfu_vs_datasheet_peak"))
         per_device = tokens / span.seconds / self.layout.tp
         model_fpt, hw_fpt = model_flops / max(tokens, 1), hw_flops / max(tokens, 1)   # FLOPs per token
         return {"tokens_per_s": per_device * self.world_size, "tokens_per_s_per_device": per_device,
@@ -96,12 +100,17 @@ class Throughput(BuiltIn):
         self.notes.update({k: v["reason"] for k, v in self.invalid.items()})
         out.update(self._flop_facts(out["tokens_per_s_per_device"]))
         out.update({**self.peak.record(), "invalid": self.invalid, "device_name": self.peak.device_name,
-                    "tokens_per_step": t["tokens"] / span.steps * self.layout.dp, "measured_tokens": t["tokens"]})
+                    "tokens_per_step": t["tokens"] / span.steps * self.layout.dp if span.steps else None,
+                    "measured_tokens": t["tokens"]})
         self._second_look(out)
         return out
 
-    def _flop_facts(self, per_device: float) -> Dict[str, object]:
+    def _flop_facts(self, per_device: Optional[float]) -> Dict[str, object]:
         t = self.totals
+        if not t["tokens"]:   # nothing measured (a run stopped inside its warm-up): the model's facts alone
+            return {"flops_per_token": None, "hw_flops_per_token": None, "flops_per_token_6n": self.flop_model.six_n(),
+                    "flops_source": self.flop_model.source, "mfu_convention": F.MFU_CONVENTION, "mfu_conventions": {},
+                    "flops_per_token_full_recompute": None}
         return {
             "flops_per_token": t["flops"] / t["tokens"], "hw_flops_per_token": t["hw_flops"] / t["tokens"],
             "flops_per_token_6n": self.flop_model.six_n(), "flops_source": self.flop_model.source,

@@ -135,5 +135,6 @@ class DataWait(BuiltIn):
 
     @staticmethod
     def _figures(span: Span, wait: float, copy: float) -> Dict[str, float]:
-        return {"data_wait_frac": wait / span.seconds, "time/data_wait_s": wait / max(span.steps, 1),
+        return {"data_wait_frac": wait / span.seconds if span.seconds else None,
+                "time/data_wait_s": wait / max(span.steps, 1),
                 "time/h2d_copy_s": copy / max(span.steps, 1)}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -16,6 +17,7 @@ from ablate.console import StepProgress, library_output_to_log, print_summary, r
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
 from ablate.metrics import comm, host, steady
+from ablate.metrics.collectors import CollectorFailed
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
@@ -78,10 +80,12 @@ def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
         name, text = f"signalled-rank{rank}.txt", str(e)   # so that a rank that left no note at all stands out
     else:
         name, text = (f"stopped-rank{rank}.txt", str(e)) if isinstance(e, RunStopped) else \
-            (f"rank{rank}.txt", f"{type(e).__name__}: {e}")
+            (f"rank{rank}.txt", f"{type(e).__name__}: {e}".replace("\n", " "))
+        if not isinstance(e, RunStopped) or e.__cause__ is not None:   # an error (a collector's too): its traceback
+            text = f"{text}\n\n{''.join(traceback.format_exception(e))}"
     try:
         (run_dir / FAILURES_DIR).mkdir(parents=True, exist_ok=True)
-        (run_dir / FAILURES_DIR / name).write_text(text[:2000])
+        (run_dir / FAILURES_DIR / name).write_text(text[:200_000])
     except OSError:
         pass
 
@@ -147,13 +151,11 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved, blocks)
         loop.saved_step = start_step or None
-        diverged: Optional[Diverged] = None
+        diverged: Optional[RunStopped] = None
         try:
             loop.run(start_step)
-        except Diverged as e:   # its figures so far are still summarised (summary.json), then its one line
-            if not meter.has_measured_steps():
-                tracker.close(exit_code=1)
-                raise
+        except (Diverged, CollectorFailed) as e:   # its figures so far are still summarised, then its one line
+            meter.close_interval()
             diverged = e
         except checkpoint.Preempted as stop:
             tracker.close(exit_code=0)
@@ -206,8 +208,10 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "sweep": resolved.get("sweep") or {},
             })
             loop.collected.into_summary(summary, collected)
+            diverged = diverged or loop.collected.failure()   # a collector's summary() that raised: said, after it
             tracker.finish(summary, exit_code=1 if diverged else 0)
             print_summary(summary)
+        diverged = diverged or loop.collected.failure()
         if diverged is not None:
             raise diverged
         clean = True
