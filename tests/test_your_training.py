@@ -208,6 +208,29 @@ def test_a_bad_model_or_data_is_one_line_before_any_directory(tmp_path, monkeypa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("name, text, line", [
+    ("bad_baseline", None, "sweep.baseline=adam: no run of sweep bad_baseline has optim.name=adam; its runs have "
+                           "optim.name = adamw, sgd"),
+    ("listy", "- a\n- b\n", "listy.yaml: a sweep file is a mapping (defaults:, hydra:, sweep:, ...), not a list"),
+    ("binary", b"\x7fELF\x02\x01\x01\x00\xff\xfe", "binary.yaml: not a text file"),
+])
+def test_a_sweep_file_is_checked_whole_before_anything_trains(tmp_path, user_files, monkeypatch, capsys, name, text,
+                                                              line):
+    """In process (~1 s each): a user's sweep whose baseline is no run of its grid, a list, a binary file."""
+    from ablate.sweeps.__main__ import main as sweeps_main
+
+    (tmp_path / "sweeps").mkdir()
+    mine = (user_files.config_dir / "sweeps" / "mysweep.yaml").read_text().replace("baseline: adamw", "baseline: adam")
+    path = tmp_path / "sweeps" / f"{name}.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else (text or mine).encode())
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    monkeypatch.chdir(tmp_path)
+    code = sweeps_main([name, "--config-dir", str(tmp_path), "--config-dir", str(user_files.config_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and line in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweeps"]   # nothing trained, no sweep dir
+
+
 def test_a_yaml_mistake_names_the_file_the_key_and_the_problem(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "broken.yaml").write_text("_target_: mymodels.MLPLM\nvocab_size: 512\n  dim: 64\n")

@@ -148,6 +148,8 @@ def _parse(argv: List[str]) -> argparse.Namespace:
             parser.error(f"--{key.replace('_', '-')}={getattr(args, key)}: must be at least "
                          f"{2 if key == 'steps' else 1}")
     args.start = args.start or args.multiple_of
+    if args.start > args.limit:
+        parser.error(f"--start={args.start}: above --limit={args.limit}; nothing to search")
     if args.start % args.multiple_of:
         parser.error(f"--start={args.start}: must be a multiple of --multiple-of={args.multiple_of}")
     return args

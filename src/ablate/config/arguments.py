@@ -79,6 +79,9 @@ def out_dir(text: str) -> Path:
 
 def in_dir(text: str) -> Path:
     path = Path(text).expanduser()
+    long = next((part for part in path.parts if len(part.encode()) > NAME_MAX), None)
+    if long is not None:   # (the filesystem's own answer is an OSError, not "no")
+        raise argparse.ArgumentTypeError(f"{long[:40]}...: a name of {len(long.encode())} bytes; no folder has one")
     if not text.strip() or not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: no such folder")
     return path

@@ -19,6 +19,26 @@ BETTER = ("higher", "lower", "equal")
 DESIGNS = ("factorial", "stack")
 
 
+# a sweep's batch_search: ablate.maxbatch's options (sweeps/runner.py passes them), each a number >= its least
+BATCH_SEARCH = {"multiple_of": 1, "limit": 1, "start": 1, "steps": 2, "mem_budget_gb": 0, "cpu_mem_budget_gb": 0}
+
+
+def check_batch_search(spec, where: str = "sweep.batch_search") -> None:
+    """Every key ablate.maxbatch takes, each a number in range, start <= limit: one line before anything trains."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}={spec!r}: a mapping of {', '.join(BATCH_SEARCH)}")
+    for key, value in spec.items():
+        if key not in BATCH_SEARCH:
+            raise ConfigError(f"{where}.{key}: no such key; valid keys: {', '.join(BATCH_SEARCH)}")
+        least, budget = BATCH_SEARCH[key], key.endswith("_gb")
+        bad = isinstance(value, bool) or not isinstance(value, (int, float) if budget else int)
+        if value is not None and (bad or (value <= least if budget else value < least)):
+            allowed = f"a number > {least}" if budget else f"an integer >= {least}"
+            raise ConfigError(f"{where}.{key}={value}: out of range; allowed: {allowed}")
+    if spec.get("start") and spec.get("limit") and spec["start"] > spec["limit"]:
+        raise ConfigError(f"{where}.start={spec['start']}: above {where}.limit={spec['limit']}; nothing to search")
+
+
 def check_sweep(node: Dict) -> None:
     name = node.get("name", "the sweep")
     unknown = sorted(set(node) - set(SWEEP_KEYS))
@@ -35,6 +55,8 @@ def check_sweep(node: Dict) -> None:
         raise ConfigError(f"sweep.knob: sweep {name} has checks but no knob to compare its arms by; give sweep.knob, "
                           "sweep.baseline and sweep.treatment")
     _check_checks(node.get("checks") or [], name, _treatments(node))
+    if node.get("batch_search") is not None:
+        check_batch_search(node["batch_search"])
 
 
 def _treatments(node: Dict) -> List:

@@ -48,13 +48,44 @@ def _path(name: str) -> Path:
 
 
 def load(name: str) -> dict:
+    """A sweep file, read whole: YAML text holding a mapping (hydra:, sweep:, defaults: ...), or one line."""
     path = _path(name)
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; a sweep file is YAML (sweeps/README.md)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a sweep file is a mapping (defaults:, hydra:, sweep:, ...), not a "
+                          f"{type(data).__name__}; sweeps/README.md shows one")
+    return data
+
+
+def knob_value(cfg, knob: str):
+    """The value a run's typed config gives a sweep's knob (`parallel.no_sync`, `sweep.arm`, `optim.name`)."""
+    value = cfg
+    for part in knob.split("."):
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+    return value
+
+
+def check_arms(name: str, configs) -> None:
+    """A sweep that compares arms of a knob has its baseline and each treatment among its runs: else nothing it
+    trains could be compared (one line, before any run)."""
+    node = load(name).get("sweep") or {}
+    knob = node.get("knob")
+    if not knob or node.get("design") is not None:
+        return
+    seen = {str(knob_value(cfg, knob)).lower() for cfg in configs}
+    treatments = node.get("treatment") if isinstance(node.get("treatment"), list) else [node.get("treatment")]
+    for role, value in [("baseline", node.get("baseline"))] + [("treatment", t) for t in treatments]:
+        if str(value).lower() not in seen:
+            raise ConfigError(f"sweep.{role}={value}: no run of sweep {name} has {knob}={value}; its runs have "
+                              f"{knob} = {', '.join(sorted(seen))}: add it to the grid (hydra.sweeper.params) or name "
+                              "one of those")
 
 
 def available() -> List[str]:

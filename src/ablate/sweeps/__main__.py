@@ -13,10 +13,11 @@ from ablate import report
 from ablate.config import AblateError, ConfigError, exit_code_of
 from ablate.config import arguments as cli
 from ablate.config.command_line import split_argv
+from ablate.config.sweep import check_batch_search
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
 from ablate.report import compare, sequential
 from ablate.sweeps import __doc__ as SWEEPS_DOC
-from ablate.sweeps import allocation, available, expand, is_factorial, listing, plan_runs, use_config_dirs
+from ablate.sweeps import allocation, available, check_arms, expand, is_factorial, listing, plan_runs, use_config_dirs
 from ablate.sweeps.runner import claim_dir, run_all, unfinished
 from ablate.train import guards
 
@@ -76,6 +77,19 @@ def check_options(args, auto: bool) -> None:
                           "--min-repeats <= --max-repeats")
     if args.run_timeout is not None and not args.run_timeout > 0:
         raise ConfigError(f"--run-timeout={args.run_timeout:g}: out of range; allowed: > 0 (seconds per run)")
+    batch_search_of(args.batch_search)
+
+
+def batch_search_of(items: List[str]) -> Dict[str, object]:
+    """--batch-search KEY=VALUE ..., each checked as a sweep file's batch_search is."""
+    spec = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--batch-search {item}: give KEY=VALUE (e.g. limit=512)")
+        spec[key] = yaml.safe_load(value)
+    check_batch_search(spec, "--batch-search")
+    return spec
 
 
 def _main(argv: List[str] = None) -> int:
@@ -124,6 +138,8 @@ def _main(argv: List[str] = None) -> int:
     runs = plan_runs(expand(args.names), extra, repeats, args.order, args.seed,
                      side_arms_once=not args.repeat_side_arms)
     configs = allocation.configs(runs)
+    for name in dict.fromkeys(n for n, _, _ in runs):   # its baseline and treatments are among its runs
+        check_arms(name, [configs[tuple(c)] for n, c, _ in runs if n == name])
     root = args.dir or Path("multirun") / f"{'-'.join(args.names)}_{datetime.now():%Y-%m-%d_%H-%M-%S}"
     refused = claim_dir(root, runs)
     if refused:
@@ -146,7 +162,7 @@ def _main(argv: List[str] = None) -> int:
 
         print(f"peak FLOP/s: {forget_this_host()} cached figure(s) of this host dropped; the first run measures "
               "again", flush=True)
-    search = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.batch_search)}
+    search = batch_search_of(args.batch_search)
     env = {"ABLATE_PREFLIGHT_DONE": "1"}
     if auto:
         failed, confidence = run_until_decided(runs, root, extra, env, args, search, steps)
