@@ -97,3 +97,22 @@ def test_a_truncated_latest_falls_back_to_the_whole_previous_one(tmp_path, torn)
     assert checkpoint.manifest.problem(tmp_path / "a" / "checkpoint") is not None
     resumed = run_in_process(tmp_path / "b", [*common, "train.steps=6", f"train.resume={tmp_path / 'a'}"])
     assert resumed["resumed_from_step"] == 2
+
+
+def test_a_truncated_deepspeed_state_is_judged_by_its_size_and_the_previous_one_used(tmp_path):
+    """In process (~0 s): a zero3-like checkpoint whose latest model_states.pt is cut short: its size is checked
+    before any loader (the pickle check's included) opens it, and the whole previous checkpoint is the one used."""
+    from ablate.train import checkpoint
+
+    for name, step in (("checkpoint.prev", 2), ("checkpoint", 4)):
+        states = tmp_path / name / "deepspeed" / "latest"
+        states.mkdir(parents=True)
+        torch.save({"w": torch.ones(100_000)}, states / "zero_pp_rank_0_model_states.pt")
+        torch.save({"step": step, "world_size": 1}, tmp_path / name / "meta.pt")
+        manifest.write(tmp_path / name, step, 1)
+    latest = tmp_path / "checkpoint" / "deepspeed" / "latest" / "zero_pp_rank_0_model_states.pt"
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 10])   # (torch.load: OSError EINVAL)
+    assert "cannot be read" in unsafe(tmp_path / "checkpoint")   # the pickle check alone says so, no traceback
+    assert "zero_pp_rank_0_model_states.pt" in manifest.problem(tmp_path / "checkpoint", checksums=False)
+    checkpoint.check_complete(tmp_path / "checkpoint")            # the previous one is whole: a resume goes on
+    assert checkpoint.newest_whole(tmp_path / "checkpoint") == tmp_path / "checkpoint.prev"

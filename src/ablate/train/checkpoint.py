@@ -166,7 +166,8 @@ def load(path: Path, strategy, env) -> Dict:
     for candidate in candidates:
         if not (candidate / "meta.pt").is_file():
             continue
-        problems = _agreed(pickles.unsafe(candidate) or manifest.problem(candidate, env.rank, env.world_size)
+        # sizes and digests first: a truncated file is never handed to a loader, even the pickle check's
+        problems = _agreed(manifest.problem(candidate, env.rank, env.world_size) or pickles.unsafe(candidate)
                            or strategy.missing_for(candidate, env.rank), env)
         if not problems:
             try:
@@ -194,7 +195,7 @@ def load(path: Path, strategy, env) -> Dict:
 def check_complete(path: Path) -> None:
     """Before any rank starts: a resume needs a checkpoint whose files are all there (sizes; the ranks
     check the contents themselves) and whose pickles name nothing their format does not need, else one line."""
-    problems = [pickles.unsafe(c) or manifest.problem(c, checksums=False) for c in _candidates(path)
+    problems = [manifest.problem(c, checksums=False) or pickles.unsafe(c) for c in _candidates(path)
                 if (c / "meta.pt").is_file()]
     if problems and all(problems):
         raise ConfigError(f"train.resume: no complete checkpoint in {path.parent} ({'; '.join(problems)})")

@@ -72,6 +72,6 @@ def unsafe(checkpoint: Path) -> Optional[str]:
                     named = found.group(1) if found else "a type outside the allow-list"
                     return (f"{path.relative_to(checkpoint)} names {named}, which a checkpoint never needs: "
                             "not loaded")
-                except (RuntimeError, EOFError, ValueError) as e:
+                except (RuntimeError, EOFError, ValueError, OSError) as e:
                     return f"{path.relative_to(checkpoint)} cannot be read ({type(e).__name__})"
     return None
