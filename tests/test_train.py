@@ -112,3 +112,16 @@ def test_each_run_logs_library_output_to_its_own_log(tmp_path):
     assert "during the second run" not in (first / "ablate.log").read_text()
     assert "during the second run" in (second / "ablate.log").read_text()
     assert sum(getattr(h, "ablate_run_log", False) for h in logging.getLogger().handlers) == 1
+
+
+def test_torchs_own_warnings_go_to_the_run_log_not_the_console(tmp_path, capfd):
+    """DTensor's redistribution warning (torch's logger has a stderr handler of its own) reached the console once
+    per rank; it goes to ablate.log like every library's."""
+    import logging
+
+    from ablate.console import route_library_logs
+
+    route_library_logs(tmp_path, 0)
+    logging.getLogger("torch.distributed.tensor._redistribute").warning("2 sequential all_reduce operations")
+    assert "sequential all_reduce" not in capfd.readouterr().err
+    assert "sequential all_reduce" in (tmp_path / "ablate.log").read_text()

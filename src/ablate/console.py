@@ -29,6 +29,10 @@ class _OwnWarningsOnly(logging.Filter):
         return record.name != "py.warnings" or OWN_FILES in record.getMessage()
 
 
+# loggers torch gives a stderr handler of its own (torch._logging), which would bypass the run's log
+TORCH_LOGGERS = ("torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "torch._inductor")
+
+
 def route_library_logs(run_dir: Path, rank: int) -> None:
     """Python warnings and library loggers of this process into the run's log (every rank appends to it,
     lines marked with the rank); the terminal keeps ablate's own warnings."""
@@ -39,6 +43,12 @@ def route_library_logs(run_dir: Path, rank: int) -> None:
     for handler in list(root.handlers):
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             root.removeHandler(handler)          # Hydra's console handler: libraries' INFO lines
+    for name in TORCH_LOGGERS:   # torch's own stderr handlers (DTensor's redistribution warnings, once per rank)
+        torch_logger = logging.getLogger(name)
+        for handler in list(torch_logger.handlers):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                torch_logger.removeHandler(handler)
+        torch_logger.propagate = True            # into the run's log through the root logger
     path = str((run_dir / LOG_FILE).resolve())
     for handler in list(root.handlers):   # an earlier run of this process (tests, a caller) logs elsewhere
         if getattr(handler, "ablate_run_log", False) or getattr(handler, "baseFilename", None) == path:
