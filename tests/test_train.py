@@ -119,6 +119,8 @@ def test_torchs_own_warnings_go_to_the_run_log_not_the_console(tmp_path, capfd):
     per rank; it goes to ablate.log like every library's."""
     import logging
 
+    import torch.distributed.tensor  # noqa: F401  (torch's logging sets up its loggers' handlers as a rank has them)
+
     from ablate.console import route_library_logs
 
     route_library_logs(tmp_path, 0)
