@@ -70,9 +70,12 @@ def test_the_gate_passes_a_repeat_and_fails_a_regression(tmp_path, monkeypatch):
     speed = next(r for r in rows if r["metric"] == "tokens_per_s" and r["arm"].endswith("=True"))
     assert speed["verdict"] == "regressed" and speed["change"] == pytest.approx(0.7, rel=0.01)
     assert "**regressed**" in (slow / "check.md").read_text() and "**regressed**" in summary.read_text()
-    more_bytes = sweep(tmp_path / "D", 1000.0, comm=900.0)
-    assert main(["check", str(more_bytes), "--against", "main", "--store", store, "--metrics",
-                 "comm_bytes_per_step"]) == 1   # a count: any change is a regression
+    for comm, said in ((900.0, "lower is better, so a regression"), (600.0, "lower is better, so an improvement")):
+        moved = sweep(tmp_path / f"D{comm:g}", 1000.0, comm=comm)   # (the baseline's: 800)
+        assert main(["check", str(moved), "--against", "main", "--store", store, "--metrics",
+                     "comm_bytes_per_step"]) == 1   # a count: any change is flagged, saying which way and if better
+        counted = json.loads((moved / "check.json").read_text())["rows"]
+        assert {r["verdict"] for r in counted} == {"changed"} and all(said in r["reason"] for r in counted), counted
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):

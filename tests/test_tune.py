@@ -125,6 +125,24 @@ def test_a_slurm_tune_needs_one_allocation_for_its_largest_trial_and_its_driver_
     assert vars(again) == {**vars(args), "dir": (tmp_path / "D").resolve()}
 
 
+def test_the_confirmation_has_three_outcomes_and_a_beaten_winner_gives_way(tmp_path):
+    """In process (~0.1 s): the winner / runner-up interval above x1 (maximised: beats), below (the runner-up
+    beats it: it becomes the best, in best.yaml and report.md too), or holding x1 (indistinguishable)."""
+    from types import SimpleNamespace
+
+    from ablate.tune import output
+    from ablate.tune.__main__ import verdict
+
+    assert verdict(1.1, 1.3, maximise=True) == "beats" and verdict(0.76, 0.95, maximise=True) == "loses"
+    assert verdict(0.9, 1.2, maximise=True) == "same" and verdict(0.76, 0.95, maximise=False) == "beats"
+    trials = [Trial(9, ["dataloader=pinned"], "complete", 120.0, 1e6), Trial(0, ["dataloader=naive"], "complete",
+                                                                            100.0, 1e6)]
+    args = SimpleNamespace(dir=tmp_path, objective="tokens_per_s", confirm=2, space=["dataloader=naive,pinned"])
+    output.write(args, trials, [], None, {"best": 0, "text": "the runner-up beats the winner"})
+    assert (tmp_path / "best.yaml").read_text() == "dataloader=naive\n"
+    assert "**Best**: trial 0" in (tmp_path / "report.md").read_text()
+
+
 def test_a_small_space_is_asked_point_by_point_to_its_end():
     """In process (~0.3 s): the whole grid when it has no more points than --trials, each point once, and
     telling the last one does not raise (optuna's grid stops study.optimize there, which a tune never runs)."""

@@ -1,7 +1,8 @@
 """`python -m ablate.baseline save D --name NAME | check D --against NAME | list | show NAME [--store DIR]`.
 
-check exits 1 when any figure regressed, 0 otherwise, 2 on bad input (one line); it writes D/check.md and
-D/check.json, and appends its table to $GITHUB_STEP_SUMMARY when that is set (a GitHub Actions job summary).
+check exits 1 when any figure regressed or a count changed, 0 otherwise, 2 on bad input (one line); it writes
+D/check.md and D/check.json, and appends its table to $GITHUB_STEP_SUMMARY when that is set (a GitHub Actions
+job summary).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def markdown(name: str, base, today, rows: List[C.Row], threshold: float, diffs:
     lines = [f"# ablate regression gate: `{today['source']}` against baseline `{name}`", "",
              f"Baseline saved {base['saved_at']} from `{base['source']}`. Threshold ±{threshold:.0%}; "
              "a timed figure regressed when its whole 95% interval (Welch, today / baseline) is past it on the "
-             "worse side; a count regressed when it changed at all.", "",
+             "worse side; a count is flagged changed when it changed at all (which way, and whether that is "
+             "better, in its reason).", "",
              "**Verdicts**: " + ", ".join(f"{v} {n}" for v, n in counts.items() if n) + ".", ""]
     lines += (["**What differs**:", ""] + [f"- {d}" for d in diffs] + [""]) if diffs else \
         ["Same commit, versions, host and configs.", ""]
@@ -81,8 +83,10 @@ def run_check(args) -> int:
     for r in rows:
         print(f"{r.verdict:<12} {r.arm}  {r.metric}: {shown(r.metric, r)}" + (f"  ({r.reason})" if r.reason else ""))
     regressed = [r for r in rows if r.verdict == "regressed"]
-    print(f"{len(regressed)} regression(s) against `{args.against}`; {args.dir / 'check.md'}")
-    return EXIT_REGRESSED if regressed else 0
+    changed = [r for r in rows if r.verdict == "changed"]
+    print(f"{len(regressed)} regression(s), {len(changed)} changed count(s) against `{args.against}`; "
+          f"{args.dir / 'check.md'}")
+    return EXIT_REGRESSED if regressed or changed else 0
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,8 +5,9 @@ Timed figures (tokens/s, step time, MFU, peak memory) are compared as a ratio to
 interval on the log scale (the runs of the two sweeps are independent, not paired): *regressed* when the
 whole interval is past the threshold on the worse side, *improved* past it on the better side, *unchanged*
 inside +-threshold, *inconclusive* otherwise (the interval is wider than the threshold allows: more repeats,
-or a quieter host). Exact figures (collective bytes and calls, FLOPs per token) are counts: any change is a
-regression. The false-alarm rate is measured, not assumed (tests/test_baseline.py: A/A data at n = 3).
+or a quieter host). Exact figures (collective bytes and calls, FLOPs per token) are counts: any change is flagged
+*changed*, with which way it moved and whether that is the better way. The false-alarm rate is measured, not
+assumed (tests/test_baseline.py: A/A data at n = 3).
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ablate import units
 from ablate.baseline import EXACT, TIMED
 
 DEFAULT_THRESHOLD = 0.05
-VERDICTS = ("regressed", "improved", "unchanged", "inconclusive", "missing")
+VERDICTS = ("regressed", "changed", "improved", "unchanged", "inconclusive", "missing")
 
 
 @dataclass
@@ -80,13 +82,28 @@ def timed_row(arm: str, metric: str, before: List[float], after: List[float], th
 
 
 def exact_row(arm: str, metric: str, before: List[float], after: List[float]) -> Row:
+    """A count (bytes, calls, FLOPs per token) changes only when the work does: any change is flagged `changed`
+    (the gate fails on it), saying which way it moved and whether that way is the better one."""
     seen_before, seen_after = sorted(set(before)), sorted(set(after))
     same = seen_before == seen_after and len(seen_before) == 1
     change = after[0] / before[0] if before[0] else None
     reason = "" if same else (f"{metric} was {', '.join(f'{v:g}' for v in seen_before)}, now "
-                              f"{', '.join(f'{v:g}' for v in seen_after)}: a count changes only when the work does")
+                              f"{', '.join(f'{v:g}' for v in seen_after)}{which_way(metric, before[0], after[0])}: "
+                              "a count changes only when the work does (save a new baseline if this is meant)")
     return Row(arm, metric, before[0], after[0], change, change, change, len(before), len(after),
-               "unchanged" if same else "regressed", reason)
+               "unchanged" if same else "changed", reason)
+
+
+def which_way(metric: str, before: float, after: float) -> str:
+    """' (down 33%: lower is better)' for a count that moved; the better way as the figure registry declares it."""
+    if not before or after == before:
+        return ""
+    moved = f"{'down' if after < before else 'up'} {abs(after / before - 1):.0%}"
+    better = units.FIGURES[metric].better if metric in units.FIGURES else None
+    if better is None:
+        return f" ({moved})"
+    good = (after < before) == (better == "lower")
+    return f" ({moved}: {better} is better, so {'an improvement' if good else 'a regression'})"
 
 
 def values(runs: List[Dict[str, object]], metric: str) -> List[float]:

@@ -145,14 +145,25 @@ def confirm(winner: Trial, runner: Trial, args, steps: Steps) -> Dict[str, objec
         more = ": use --confirm 3 or more" if args.confirm < 3 else ""
         return {"values": values, "text": f"no interval from the confirmation ({why}){more}; the winner is not "
                                           "shown to beat the runner-up"}
-    maximise = direction(args.objective) == "maximize"
-    beats = est.ci_low > 1 if maximise else est.ci_high < 1
+    outcome = verdict(est.ci_low, est.ci_high, direction(args.objective) == "maximize")
+    said = {"beats": "the winner beats the runner-up.",
+            "loses": f"the runner-up beats the winner: the interval lies wholly on its side, so trial {runner.number} "
+                     "is the best (best.yaml).",
+            "same": "indistinguishable here: the interval holds no change (x1); either is as good on this machine."}
     text = (f"trial {winner.number} / trial {runner.number}: x{est.median:.3g} [x{est.ci_low:.3g}, "
-            f"x{est.ci_high:.3g}] ({args.objective}, n={est.n} interleaved pairs): "
-            + ("the winner beats the runner-up." if beats else "indistinguishable here: the interval holds no "
-               "change; either is as good on this machine."))
-    return {"values": values, "ratio": est.median, "ci_low": est.ci_low, "ci_high": est.ci_high, "beats": beats,
-            "text": text}
+            f"x{est.ci_high:.3g}] ({args.objective}, n={est.n} interleaved pairs): {said[outcome]}")
+    return {"values": values, "ratio": est.median, "ci_low": est.ci_low, "ci_high": est.ci_high,
+            "beats": outcome == "beats", "outcome": outcome,
+            "best": runner.number if outcome == "loses" else winner.number, "text": text}
+
+
+def verdict(ci_low: float, ci_high: float, maximise: bool) -> str:
+    """The winner / runner-up ratio's interval: wholly on the winner's side (beats), wholly on the runner-up's
+    (loses), or holding x1 (same)."""
+    if ci_low > 1 or ci_high < 1:
+        winner_side = ci_low > 1 if maximise else ci_high < 1
+        return "beats" if winner_side else "loses"
+    return "same"
 
 
 def run(args, base: List[str]) -> int:

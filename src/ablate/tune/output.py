@@ -25,6 +25,8 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
             out.writerow([t.number, " ".join(t.overrides[len(base):]), t.state, t.objective, t.mem_peak_bytes,
                           t.reason, t.seconds])
     winner, runner = best_two(trials, maximise)
+    if confirmed and runner is not None and confirmed.get("best") == runner.number:   # the confirmation's word
+        winner, runner = runner, winner
     if winner:
         chosen = [o for o in winner.overrides if not o.startswith("logger.group=")]   # (the tune's own W&B group)
         (d / "best.yaml").write_text("\n".join(chosen) + "\n")
