@@ -123,6 +123,7 @@ def test_library_code_raises_and_only_the_entry_points_exit():
     from conftest import REPO
 
     allowed = {"__main__.py", "sweeps/__main__.py", "report/__main__.py", "baseline/__main__.py", "tune/__main__.py",
+               "check/__main__.py",
                "plan.py", "maxbatch.py",
                "launcher/local.py", "train/signals.py", "sweeps/allocation.py"}
     package = REPO / "src" / "ablate"

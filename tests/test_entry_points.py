@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ablate.baseline.__main__ import main as baseline_main
-from ablate.check import main as check_main
+from ablate.check.__main__ import main as check_main
 from ablate.maxbatch import main as maxbatch_main
 from ablate.plan import main as plan_main
 from ablate.report import plan

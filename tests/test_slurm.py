@@ -2,6 +2,7 @@
 own slurm/start_local.sh when it is not already up (.ci/run starts and stops it around the tests)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -205,15 +206,23 @@ def test_a_job_that_can_never_start_ends_the_wait_and_is_cancelled(tmp_path, cap
     assert state in ("", "CANCELLED", "COMPLETING") and not (tmp_path / "run").exists()
 
 
-def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path, capsys):
-    """`launcher.dry_run=true` writes sbatch.sh; `sbatch sbatch.sh`, typed by a user, trains 2 ranks."""
-    venv = os.path.dirname(os.path.dirname(sys.executable))
+def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path, capsys, user_files, monkeypatch):
+    """`launcher.dry_run=true`, typed in a directory with a config dir, a token file and a model module of the
+    user's (`--config-dir conf`, `data.path=train.bin`, the module on PYTHONPATH), writes sbatch.sh; `sbatch` typed
+    by someone else, from another directory with a bare PATH and no environment, trains 2 ranks."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copytree(user_files.config_dir, work / "conf")
+    shutil.copy(user_files.tokens, work / "train.bin")
+    monkeypatch.chdir(work)
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
     run_dir = tmp_path / "run"
-    result = cli_in_process(capsys, [*LOCAL_JOB, "launcher.dry_run=true", "train.steps=6",
-                                     f"launcher.setup=[source {venv}/bin/activate]", f"hydra.run.dir={run_dir}"])
+    result = cli_in_process(capsys, ["--config-dir", "conf", "model=mine", "data=tokens", "data.path=train.bin",
+                                     *LOCAL_JOB, "launcher.dry_run=true", "train.steps=6", f"hydra.run.dir={run_dir}"],
+                            env=user_files.env)
     assert result.returncode == 0, result.stderr[-3000:]
     submitted = subprocess.run(["sbatch", "--parsable", str(run_dir / "sbatch.sh")], capture_output=True, text=True,
-                               env={**slurm_cluster.SYSTEM_PATH, "HOME": os.environ.get("HOME", "/root")})
+                               cwd=elsewhere, env={"PATH": "/usr/bin:/bin"})
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 240
@@ -223,3 +232,4 @@ def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path, capsys):
     log = (run_dir / "slurm" / f"{job}.err").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6, log[-2000:]
+    assert summary["choices"]["model"] == "mine" and summary["choices"]["data"] == "tokens"

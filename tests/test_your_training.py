@@ -480,13 +480,16 @@ def test_a_stopped_run_resumes_in_place_from_anywhere_with_nothing_else_typed(tm
     import subprocess
     import time
 
-    from conftest import AS_TYPED_IN_A_TERMINAL, COMMAND_ENV, REPO
+    from conftest import AS_TYPED_IN_A_TERMINAL, COMMAND_ENV
 
-    run = tmp_path / "run"
+    run, work = tmp_path / "run", tmp_path / "work"
+    shutil.copytree(user_files.config_dir, work / "conf")   # typed with relative paths: a config dir, a token file
+    shutil.copy(user_files.tokens, work / "train.bin")
     env = {**os.environ, **COMMAND_ENV, **user_files.env}
-    first = subprocess.Popen([sys.executable, "-m", "ablate", "--config-dir", str(user_files.config_dir),
-                              "model=positional", "logger=none", "train.steps=400", "train.log_every=5",
-                              "dataloader.read_latency_ms=20", f"hydra.run.dir={run}"], cwd=REPO, env=env,
+    first = subprocess.Popen([sys.executable, "-m", "ablate", "--config-dir", "conf", "model=positional",
+                              "data=tokens", "data.path=train.bin", "logger=none", "train.steps=400",
+                              "train.log_every=5", "dataloader.read_latency_ms=20", f"hydra.run.dir={run}"], cwd=work,
+                             env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **AS_TYPED_IN_A_TERMINAL)
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists() or len(read_jsonl(run / "metrics.jsonl")) < 4:
@@ -507,6 +510,6 @@ def test_a_stopped_run_resumes_in_place_from_anywhere_with_nothing_else_typed(tm
                              env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"ablate: error: optim=sgd: train.resume={run} continues that run in place, as it was; optim would make it "
-        "another run. Valid beside it: train.steps, train.log_every, train.checkpoint_every, logger, metrics, "
-        "launcher.wait; "
+        "another run. Valid beside it: train.steps, optim.decay_steps, train.log_every, train.checkpoint_every, "
+        "logger, metrics, launcher.wait; "
         "or continue into a new run with hydra.run.dir=NEW"], refused.stderr

@@ -69,3 +69,29 @@ def with_search_path(overrides: List[str], config_dirs: List[str]) -> List[str]:
 def config_keys(overrides: List[str]) -> List[str]:
     """The overrides that shape the config: Hydra's own keys left out, but not its searchpath (more choices)."""
     return [o for o in overrides if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath=")]
+
+
+# overrides that name a path a run reads (besides hydra.searchpath's config dirs): made absolute wherever a command
+# is carried to another directory (a dry run's sbatch script, a resume in place typed elsewhere)
+PATH_KEYS = ("data.path", "model.config", "train.resume", "hydra.run.dir", "hydra.sweep.dir")
+
+
+def absolute_paths(overrides: List[str], cwd: Path) -> List[str]:
+    """The overrides with every relative path they name (PATH_KEYS, hydra.searchpath's file:// entries) resolved
+    against `cwd`, the directory the command was typed in."""
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if sep and bare == "hydra.searchpath":
+            value = "[" + ",".join(_absolute_search(p.strip(), cwd) for p in value.strip("[]").split(",")) + "]"
+        elif sep and bare in PATH_KEYS and value.strip("'\"") and not value.startswith(("/", "$", "~")):
+            value = str(cwd / value.strip("'\""))
+        out.append(f"{key}{sep}{value}")
+    return out
+
+
+def _absolute_search(entry: str, cwd: Path) -> str:
+    if not entry.startswith("file://") or entry[len("file://"):].startswith("/"):
+        return entry   # pkg://, or already absolute
+    return f"file://{cwd / entry[len('file://'):]}"

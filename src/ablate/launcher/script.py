@@ -8,16 +8,23 @@ launcher/slurm_launch.py). What it carries:
   the warning and the job is requeued; a requeued attempt (SLURM_RESTART_COUNT > 0) resumes from the run
   dir's checkpoint (train.resume);
 - `launcher.setup` lines first (e.g. `source /path/.venv/bin/activate`), then the `python` they put on the
-  PATH: never the submitting host's interpreter by its absolute path;
+  PATH; without them, the environment the script was written from is put first on the PATH (its bin folder);
+- from any directory, by whoever submits it: `--chdir` is the directory it was written from, every path the
+  command names is absolute (config dirs, data, resume: config/command_line.py absolute_paths), and
+  PYTHONPATH holds that directory and the writer's PYTHONPATH (a user's model module), each said in a comment;
 - the allocator/NCCL variables as `export` lines, as submitit's own script has them.
 """
 from __future__ import annotations
 
+import os
 import shlex
+import socket
+import sys
 from pathlib import Path
 from typing import Dict, List
 
 from ablate.config import AblateConfig, LauncherConfig
+from ablate.config.command_line import absolute_paths
 
 # keys of the submitting command that the script sets itself
 OWN_KEYS = ("launcher.dry_run", "launcher.wait", "hydra.run.dir", "train.resume")
@@ -72,16 +79,29 @@ def sweep_text(cfg: AblateConfig, root: Path, driver: List[str], prog: str = "ab
 
 
 def text(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrides: List[str]) -> str:
-    run_dir = run_dir.resolve()
+    run_dir, here = run_dir.resolve(), Path.cwd()
     exports = [f"export {k}={shlex.quote(str(v))}" for record in applied_env.values()
                for k, v in record.get("env", {}).items()]
     lines = ["#!/bin/bash",
-             f"# written by ablate (launcher.dry_run=true); submit it as it is: sbatch {run_dir}/sbatch.sh",
-             *directives(cfg, run_dir), "set -e", *cfg.launcher.setup, *exports,
+             f"# written by ablate (launcher.dry_run=true) in {here} on {socket.gethostname()}; submit it as it is, "
+             f"from any directory: sbatch {run_dir}/sbatch.sh",
+             *directives(cfg, run_dir), f"#SBATCH --chdir={here}", "set -e", *environment(cfg), *exports,
              "# a requeued attempt continues from this run's checkpoint",
              f'RESUME=""; [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && RESUME={shlex.quote(f"train.resume={run_dir}")}',
-             command(overrides, run_dir)]
+             command(absolute_paths(overrides, here), run_dir)]
     return "\n".join(lines) + "\n"
+
+
+def environment(cfg: AblateConfig) -> List[str]:
+    """The Python the command runs with and where it finds a user's modules: launcher.setup's lines when given,
+    else the environment the script was written from; PYTHONPATH as the writer had it, plus its directory."""
+    python = ["# the Python environment this script was written from (launcher.setup lines replace it)",
+              f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\""]
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    modules = ["# a model, data or collector module of yours: the directory it was written in, and its PYTHONPATH",
+               f"export PYTHONPATH={shlex.quote(os.pathsep.join(dict.fromkeys([str(Path.cwd()), *paths])))}"
+               '${PYTHONPATH:+:$PYTHONPATH}']
+    return [*(list(cfg.launcher.setup) or python), *modules]
 
 
 def write(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrides: List[str]) -> Path:

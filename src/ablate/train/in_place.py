@@ -18,6 +18,7 @@ from typing import List, Optional
 import yaml
 
 from ablate.config import ConfigError
+from ablate.config.command_line import absolute_paths
 
 # keys a resume in place may take besides train.resume: they extend or watch the run, not change what it trains
 BESIDE = ("train.steps", "optim.decay_steps", "train.log_every", "train.checkpoint_every", "logger", "metrics",
@@ -38,12 +39,14 @@ def resumed_dir(argv: List[str]) -> Optional[Path]:
 def saved_command(run_dir: Path) -> List[str]:
     """The run's overrides as Hydra kept them: the config dirs it searched, then its task's."""
     try:
-        kept = (yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text()) or {})["hydra"]["overrides"]
+        hydra = (yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text()) or {})["hydra"]
+        kept, typed_in = hydra["overrides"], Path(hydra["runtime"]["cwd"])
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         raise ConfigError(f"train.resume={run_dir}: its .hydra/hydra.yaml cannot be read; give the run's overrides "
                           f"and hydra.run.dir={run_dir} yourself") from None
     searched = [o for o in kept.get("hydra") or [] if o.startswith("hydra.searchpath=")]
-    return [*searched, *(o for o in kept.get("task") or [] if not o.startswith("train.resume="))]
+    own = [*searched, *(o for o in kept.get("task") or [] if not o.startswith("train.resume="))]
+    return absolute_paths(own, typed_in)   # relative paths as the run read them, from any directory
 
 
 def in_place(argv: List[str]) -> List[str]:

@@ -10,41 +10,23 @@ where the losses part; 2: bad input, in one line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ablate.config import AblateError, ConfigError, exit_code_of
-from ablate.config import arguments as cli
+from ablate.config import ConfigError
 from ablate.config.command_line import config_dir_override
 
 EXIT_DIFFERENT = 1
 # relative tolerance per precision: float32 arithmetic in another order (a sum over tp ranks) moves a loss by ~1e-6
-# per step; a wrong split moves it by ~1e-4 at the first step and more after (tests/test_check.py)
+# per step; a wrong split moves it by ~1e-4 at the first step and more after (tests/test_your_split.py)
 RTOL = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 2e-2, "fp8": 5e-2}
 # keys the one-rank reference sets itself: its own layout and launcher, the batch the layout's ranks read together
 REFERENCE_OWNS = ("parallel", "launcher", "train.batch_size", "train.global_batch_size", "train.grad_accum")
 CHECK_SETS = ("train.steps", "train.log_every", "train.warmup_steps", "train.resume", "train.checkpoint_every",
               "logger", "hydra.run.dir")
-
-
-def _parse(argv: List[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ablate.check", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=cli.count, default=8, help="optimizer steps each run trains (default 8)")
-    parser.add_argument("--rtol", type=cli.share, default=None,
-                        help="largest relative difference of a step's loss that is the same (default: by precision, "
-                             + ", ".join(f"{k} {v:g}" for k, v in RTOL.items()) + ")")
-    parser.add_argument("--dir", type=cli.out_dir, default=None,
-                        help="where the two runs go (default: a temporary folder, kept when they differ)")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
-                        help="a config dir of your own (model/, optim/, ... files)")
-    parser.add_argument("overrides", nargs="*", help="the run's overrides, as for python -m ablate")
-    return parser.parse_args(argv)
 
 
 def key_of(override: str) -> str:
@@ -120,15 +102,3 @@ def check(args) -> int:
     print(f"different: the losses part at step {step}: {got[step - 1]:.6g} (mesh {layout.label()}) vs "
           f"{want[step - 1]:.6g} (one rank), relative {diff:.2g} > {rtol:g}; the runs: {split}, {one}")
     return EXIT_DIFFERENT
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    try:
-        sys.exit(check(args))
-    except AblateError as e:
-        sys.exit(exit_code_of(e, "ablate.check"))
-
-
-if __name__ == "__main__":
-    main()
