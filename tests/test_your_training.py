@@ -513,3 +513,20 @@ def test_a_stopped_run_resumes_in_place_from_anywhere_with_nothing_else_typed(tm
         "another run. Valid beside it: train.steps, optim.decay_steps, train.log_every, train.checkpoint_every, "
         "logger, metrics, launcher.wait; "
         "or continue into a new run with hydra.run.dir=NEW"], refused.stderr
+
+
+@pytest.mark.slow
+def test_a_sweep_of_yours_with_a_failing_arm_reports_what_happened(tmp_path, user_files):
+    """tests/user/conf/sweeps/arms.yaml (three 6-step runs, ~16 s): two treatments against one baseline, one of which
+    fails. The report names each row's arm, says "failed" for the failed one with its run dir and error, titles the
+    user's sweep by its technique, and writes nothing of the week-4 claims into it."""
+    out = tmp_path / "out"
+    swept = run_module("ablate.sweeps", ["arms", "--config-dir", str(user_files.config_dir), "--dir", str(out), "--",
+                                         "logger=none"], env=user_files.env)
+    assert swept.returncode != 0 and "1 run(s) failed" in swept.stderr, swept.stderr[-2000:]
+    report = (out / "report.md").read_text()
+    failed = next(line for line in report.splitlines() if "**failed**" in line)
+    assert "`fails` vs `mine`" in failed and f"{out}/arms/002_r0_model-fails: exit 1: RuntimeError" in failed
+    assert "| `mine_tp` vs `mine` | tokens_per_s" in report
+    assert "## two models against mine (`arms_fails`)" in report and "No claim:" in report
+    assert "Claimed: ." not in report and "claims' arithmetic" not in report

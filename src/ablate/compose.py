@@ -133,7 +133,9 @@ def checked(combos: List[List[str]]) -> List[AblateConfig]:
     register()
     with hydra_context():
         try:
-            return [validate(compose("config", overrides=config_keys(combo))) for combo in combos]
+            # with Hydra's node: its group choices label the model and the other labelled groups as a run's record
+            return [validate(compose("config", overrides=config_keys(combo), return_hydra_config=True))
+                    for combo in combos]
         except USER_ERRORS as e:   # a key no config has (a tune's --space, a sweep's grid): one line
             raise one_line(e) from None
 

@@ -159,12 +159,15 @@ def _other_way(group: R.Group, spec: Dict, base, treat, flagged: Dict[str, str],
 
 
 def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str, str] = None,
-          level: float = 0.95) -> Check:
+          level: float = 0.95, failures: Dict[str, List] = None) -> Check:
     sweep, metric, kind = group.sweep, spec["metric"], spec["effect"]
     base, treat = group.pairs()
     claimed = None if spec.get("claimed") is None else float(spec["claimed"])
     tolerance, better = float(spec.get("tolerance", 0.05)), spec.get("better", BETTER.get(kind, "equal"))
     reason = _not_measurable(spec, base, treat, mixed_ok)
+    failed = (failures or {}).get(sweep.get("name", group.name)) if not base or not treat else None
+    if failed:   # an arm has no run because its runs failed: said as such, with where and why
+        reason = f"{len(failed)} run(s) failed; {failed[0][0]}: {failed[0][1]}"
     expected = est = None
     if reason is None:
         if spec.get("expected") == "modeled":
@@ -174,7 +177,7 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
         est, verdict = _judge(spec, base, treat, claimed, expected, level)
         reason = None if est else f"no {kind} of {metric}: the baseline is 0"
     if est is None:
-        verdict = "not measurable here"
+        verdict = "failed" if failed else "not measurable here"
     else:   # without a claim there is no verdict: what the interval says of the expected value is a reason
         reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
                                        _unclaimed_expectation(est, expected, tolerance, better, metric),
@@ -265,13 +268,15 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
     for group in groups:
         R.add_common_peak(group)
     flagged = outliers.find(groups)
-    checks = [check(g, spec, mixed_hardware, flagged, level) for g in groups
+    failures = plan.failed(dirs)
+    checks = [check(g, spec, mixed_hardware, flagged, level, failures) for g in groups
               for spec in [*g.sweep.get("checks", []), *collected_checks(g)]]
     return {"runs": runs, "unfinished": unfinished, "missing": plan.missing(dirs), "groups": groups, "checks": checks,
             "outliers": flagged,
             "factorials": effects.find(runs), "stacks": waterfall.find(runs),
             "noise_floor": noise.floor(groups, checks, flagged),
-            "arithmetic": arithmetic.claims() + arithmetic.article_mfu(groups), "level": level,
+            "arithmetic": arithmetic.claims() + arithmetic.article_mfu(groups)
+            if any(g.sweep.get("claim") for g in groups) else [], "level": level,
             "sequential": sequential.read(dirs[0])}
 
 

@@ -203,7 +203,7 @@ def section(a: Factorial, plot: Optional[str]) -> List[str]:
     s = a.sweep
     grid = (f"Fraction `{s['fraction']}`, resolution {design.resolution(s['fraction'].split())}"
             if s.get("fraction") else "Full grid")
-    lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{a.name}`, factorial)", "",
+    lines = ["", f"## {R.title(s, a.name)} (`{a.name}`, factorial)", "",
              *conclusion(a), "",
              "Factors: " + "; ".join(f"`{k}`: {' → '.join(map(str, v))}" for k, v in s["factors"].items())
              + f". {len(a.runs)} runs. {grid}.",

@@ -7,6 +7,7 @@ from typing import Dict, List
 
 from ablate import units
 from ablate.report import effects, noise, outliers, panels, sequential, stats, timeline, waterfall
+from ablate.report import runs as R
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -88,12 +89,13 @@ def against_expected(c) -> bool:
 
 def verdict_table(checks) -> List[str]:
     other = any(c.other_way for c in checks)
-    lines = ["| claim | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | layout | "
-             "reason |" + (" other way |" if other else ""), "|---" * (10 if other else 9) + "|"]
+    lines = ["| claim | arm | check | claimed | expected here | measured [95% CI] (n) | verdict | hardware | layout | "
+             "reason |" + (" other way |" if other else ""), "|---" * (11 if other else 10) + "|"]
     for c in checks:
         expected = units.effect(c.effect_kind, c.expected_here, c.metric) if c.expected_here is not None else "—"
         judged = f"**{c.verdict}**" + (" (vs expected here)" if against_expected(c) else "")
-        lines.append(f"| {c.claim} | {c.metric}: {c.what} | {claimed_text(c)} | {expected} | {measured_text(c)} | "
+        lines.append(f"| {c.claim} | `{c.treatment}` vs `{c.baseline}` | {c.metric}: {c.what} | {claimed_text(c)} | "
+                     f"{expected} | {measured_text(c)} | "
                      f"{judged} | {c.hardware} | {c.layout} | {c.reason} |"
                      + (f" {c.other_way or '—'} |" if other else ""))
     return lines
@@ -137,8 +139,10 @@ def timelines(out: Path, group) -> List[str]:
 
 def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
     s = group.sweep
-    lines = ["", f"## {s.get('claim', '—')} — {s.get('technique', '')} (`{group.name}`)", "",
-             f"Claimed: {s.get('claimed_text', '')}. Knob: `{s['knob']}`.", "", noise.within_text(noise.within(group)),
+    claimed = f"Claimed: {s['claimed_text']}." if s.get("claimed_text") else \
+        "No claim: each effect is measured, with its interval, and compared with nothing."
+    lines = ["", f"## {R.title(s, group.name)} (`{group.name}`)", "",
+             f"{claimed} Knob: `{s['knob']}`.", "", noise.within_text(noise.within(group)),
              "", common_peak_text(group), "",
              "| arm | " + " | ".join(ARM_COLUMNS) + " | straggler |", "|---" * (len(ARM_COLUMNS) + 2) + "|"]
     for role, arm in group.arms.items():
@@ -168,7 +172,8 @@ def write(out: Path, report: Dict) -> Path:
         lines += effects.section(factorial, effects.draw(out, factorial))
     for stack in report.get("stacks") or []:
         lines += waterfall.section(stack, waterfall.draw(out, stack))
-    lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in report["arithmetic"]]
+    if report["arithmetic"]:   # the week-4 claims' own numbers: for their sweeps, not a sweep of the user's
+        lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in report["arithmetic"]]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -184,7 +189,7 @@ def print_table(report: Dict) -> None:
                                                  if floor and "half_width" in floor else ""))
     for col in ("claim", "check", "claimed", "measured [95% CI] (n)", "verdict"):
         table.add_column(col)
-    colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan")))
+    colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan", "bold red")))
     for c in report["checks"]:
         vs = " (vs expected here)" if against_expected(c) else ""
         table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)),
@@ -201,8 +206,8 @@ def print_table(report: Dict) -> None:
             print(f"  {row.kind:<14} {row.step:<12} {units.fmt(row.metric, row.value):>14}  "
                   f"{waterfall.change_text(row)}")
     for c in report["checks"]:
-        if c.verdict == "not measurable here":
-            print(f"  {c.claim} {c.metric}: not measurable here: {c.reason}")
+        if c.verdict in ("not measurable here", "failed"):
+            print(f"  {c.claim} {c.metric}: {c.verdict}: {c.reason}")
     for p in report["unfinished"]:
         print(f"  did not finish: {p}")
     for m in report.get("missing") or []:

@@ -10,6 +10,7 @@ from typing import Callable, Dict
 
 from ablate import units
 from ablate.report import stats
+from ablate.report.runs import title
 
 
 def panel_data(group, check, measured: str) -> Dict[str, object]:
@@ -30,6 +31,7 @@ def panel_data(group, check, measured: str) -> Dict[str, object]:
                 }.get(check.effect_kind, lambda: target)()
     greyed = check.verdict == "not measurable here"
     return {"metric": check.metric, "effect": check.effect_kind, "arms": arms, "claimed_line": line,
+            "line_label": "expected here" if check.expected_here is not None else "claimed",
             "greyed": greyed, "reason": check.reason if greyed else "", "verdict": check.verdict,
             "measured": measured, "unit": units.unit(check.metric, base or 1e9)[0]}
 
@@ -57,8 +59,7 @@ def draw(out: Path, group, checks, describe: Callable) -> str:
         _draw_panel(ax, p)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"{group.sweep.get('claim', '')}: {group.sweep.get('technique', '')}  (knob: {group.sweep['knob']})",
-                 fontsize=9)
+    fig.suptitle(f"{title(group.sweep, group.name)}  (knob: {group.sweep['knob']})", fontsize=9)
     fig.tight_layout()
     name = f"{group.name}.png"
     fig.savefig(out / name, dpi=110)
@@ -96,7 +97,7 @@ def _draw_panel(ax, p: Dict) -> None:
     if top > 0:
         ax.set_ylim(0, top * 1.15)   # bars, intervals, their labels and the claimed line inside the axes
     if p["claimed_line"] is not None:
-        ax.axhline(p["claimed_line"] / div, color="#c0392b", linestyle="--", linewidth=1, label="claimed")
+        ax.axhline(p["claimed_line"] / div, color="#c0392b", linestyle="--", linewidth=1, label=p["line_label"])
         ax.legend(fontsize=7, loc="lower right")
     many = len(p["arms"]) > 3   # long labels of many arms: slanted, so they do not overlap
     ax.set_xticks(list(xs), [f"{_wrap(a['label'], 24)}\n({a['role']}, n={a['n']})" for a in p["arms"]],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 from ablate.config import record
 
@@ -34,4 +34,28 @@ def missing(dirs: List[Path]) -> List[str]:
             if not done:
                 out.append(f"{run.get('sweep')} #{i}, repeat {run.get('repeat')}: "
                            f"{' '.join(run.get('overrides') or []) or '(the sweep as it is)'}")
+    return out
+
+
+FAILED_FILE = "failed.txt"   # what ablate.sweeps keeps of a run that failed: its exit code and its error's last line
+
+
+def note_failed(run_dir: Path, code: int, stderr: str) -> None:
+    """A failed run's note in its run dir (made if the run refused before making one), for the report to name."""
+    last = [ln.strip() for ln in (stderr or "").strip().splitlines() if ln.strip()][-1:]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        line = last[0] if last else "no error output"
+        (run_dir / FAILED_FILE).write_text(f"exit {code}: {line if len(line) <= 200 else line[:200] + '...'}\n")
+    except OSError:   # (a full disk: the sweep's own line said it)
+        pass
+
+
+def failed(dirs: List[Path]) -> Dict[str, List[Tuple[Path, str]]]:
+    """{sweep: [(run dir, its error line)]} of the planned runs in these folders that failed (failed.txt, no record)."""
+    out: Dict[str, List[Tuple[Path, str]]] = {}
+    for d in dirs:
+        for note in sorted(Path(d).glob(f"*/*/{FAILED_FILE}")):
+            if not record.exists(note.parent) and ".incomplete-" not in note.parent.name:
+                out.setdefault(note.parent.parent.name, []).append((note.parent, note.read_text().strip()))
     return out

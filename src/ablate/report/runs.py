@@ -216,6 +216,13 @@ def add_common_peak(group: Group) -> None:
     common_peak([r for arm in group.arms.values() for r in arm.runs], base.runs if base else [])
 
 
+def title(sweep: Dict, name: str) -> str:
+    """A sweep's heading: a week-4 claim with its technique (`C3 — no_sync`), or a sweep of the user's by its
+    technique or name (no claim to name)."""
+    claim, technique = sweep.get("claim"), sweep.get("technique") or ""
+    return f"{claim} — {technique}" if claim else (technique or name)
+
+
 def one_treatment_each(sweep: Dict) -> List[Tuple[str, Dict]]:
     """A sweep whose `treatment` lists several arms (sweeps/layouts.yaml) is one comparison per treatment against
     the baseline, named `<sweep>_<treatment>`, with the checks that name no other treatment (a check's own

@@ -37,7 +37,7 @@ def central(values) -> Optional[float]:
 
 RATIO_KINDS = ("ratio", "reduction")
 NO_CHANGE = {"ratio": 1.0, "reduction": 0.0, "difference": 0.0}
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not measurable here", "no claim")
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not measurable here", "no claim", "failed")
 MAX_SPAN = 4.0          # a ratio interval whose high end is over 4x its low end is too wide to print
 WANTED_HALF_WIDTH = math.log(1.1)   # repeats_needed aims at ±10% (on the log scale)
 MAX_REPEATS = 1000

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 from ablate import units
 from ablate.config import LoggerConfig
 from ablate.logger import wandb_mode
+from ablate.report import runs as R
 
 SPEC_FILE = "wandb_workspace.json"
 VERDICT_COLUMNS = ["claim", "check", "claimed", "expected here", "measured", "interval", "n", "verdict"]
@@ -54,8 +55,8 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
             panels.append(wr.ParallelCoordinatesPlot(title="knobs -> tokens/s", columns=[
                 *(wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in knobs),
                 wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))]))
-        sections.append(ws.Section(name=f"{group.sweep.get('claim', '—')} {group.sweep.get('technique', '')} "
-                                        f"({group.name})", panels=panels, is_open=True))
+        sections.append(ws.Section(name=f"{R.title(group.sweep, group.name)} ({group.name})", panels=panels,
+                                    is_open=True))
     for factorial in report.get("factorials") or []:   # each factor's levels to the speed, run by run
         columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(_config_key(factorial.runs[0], k)))
                    for k in factorial.sweep["factors"]]

@@ -109,7 +109,7 @@ def change_text(row: Row) -> str:
 
 
 def section(s: Stack, plot: Optional[str]) -> List[str]:
-    lines = ["", f"## {s.sweep.get('claim', '—')} — {s.sweep.get('technique', '')} (`{s.name}`, waterfall)", "",
+    lines = ["", f"## {R.title(s.sweep, s.name)} (`{s.name}`, waterfall)", "",
              f"{s.sweep.get('claimed_text', '')}. Cumulative steps change against the step before; the memory "
              "step and each leave-one-out arm against the full stack (below x1 on tokens/s: the step left out "
              "was helping).", "", "| kind | step | metric | value [95% CI] (n) | change [95% CI] |",

@@ -16,7 +16,7 @@ from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 from ablate.metrics import host
 from ablate.report import outliers
-from ablate.report.plan import PLAN_FILE, run_dir_of  # where the i-th run of a plan goes: one rule, the report's
+from ablate.report.plan import PLAN_FILE, note_failed, run_dir_of  # where the i-th run goes: one rule, the report's
 from ablate.sweeps import _label, load
 from ablate.train import guards
 
@@ -70,6 +70,7 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
         say(title, result, run_dir, f", about {eta:.0f} s left")
         if result.returncode:
             failed.append(f"{name} {label} r{r}")
+            note_failed(run_dir, result.returncode, result.stderr)   # the report names it, with its error
     rerun_outliers(root, done, env, run_timeout, until, search, steps)
     return failed
 
