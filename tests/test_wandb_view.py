@@ -53,6 +53,13 @@ def test_a_sweeps_workspace_is_built_as_code_and_its_verdicts_logged_as_a_report
     assert len(verdicts["data"]) == 3
     assert not report.build([tmp_path])["unfinished"]        # the report run's files are not a run
     assert report.main([str(tmp_path), "--wandb"]) == 2       # offline: says what it needs, in one line
+    assert len(list(tmp_path.glob("wandb/offline-run-*"))) == 1   # the folder's report run replaced, not added to
+    assert spec["entity"] == "your-entity" and section["localPanelSettings"]["xAxis"] == "step"
+    monkeypatch.setenv("WANDB_ENTITY", "my-team")
+    assert report.main([str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "wandb_workspace.json").read_text())["entity"] == "my-team"
+    assert report.main([str(tmp_path), "--entity", "other-team"]) == 0
+    assert json.loads((tmp_path / "wandb_workspace.json").read_text())["entity"] == "other-team"
 
 
 def test_runs_without_wandb_get_no_view_and_wandb_is_refused_in_one_line(tmp_path, capsys):

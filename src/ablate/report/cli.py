@@ -24,6 +24,8 @@ def main(argv: List[str] = None) -> int:
                         help="pair runs made on different hardware (refused by default)")
     parser.add_argument("--confidence", type=cli.share, default=0.95,
                         help="the intervals' level (default 0.95; ablate.sweeps --repeats auto passes a corrected one)")
+    parser.add_argument("--entity", default=None, help="the W&B entity the workspace spec names (default: the runs' "
+                        "logger.entity, else $WANDB_ENTITY)")
     parser.add_argument("--wandb", action="store_true", help="save the W&B workspace of these runs to their project "
                         "(online; after `wandb sync` of offline runs)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -64,12 +66,13 @@ def main(argv: List[str] = None) -> int:
     print(f"report: {path} (and {', '.join(tables)}, {len(list(out.glob('*.png')))} PNG)")
     where = wandb_view.wandb_runs(report)
     if where:   # the runs went to W&B: their view as code, and the verdicts as a run of the same group
-        spec = wandb_view.write_spec(out, report, where)
+        spec = wandb_view.write_spec(out, report, where, args.entity)
         run_id = wandb_view.log_report_run(out, report, where, sorted(out.glob("*.png")))
         print(f"W&B: workspace spec {spec}; verdicts in the report run {run_id} ({where['mode']}, group "
               f"{', '.join(where['groups'])}); `--wandb` saves the workspace to the project")
     if args.wandb:
-        return wandb_view.push(report, where) if where else _no_wandb_runs()
+        return wandb_view.push(report, {**where, "entity": args.entity or where.get("entity")}) if where \
+            else _no_wandb_runs()
     return 0
 
 

@@ -12,7 +12,10 @@ Only when the runs were logged to W&B (their summary has a `wandb` group): `logg
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -56,7 +59,7 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
                 *(wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in knobs),
                 wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))]))
         sections.append(ws.Section(name=f"{R.title(group.sweep, group.name)} ({group.name})", panels=panels,
-                                    is_open=True))
+                                    is_open=True, panel_settings=ws.SectionPanelSettings(x_axis="step")))
     for factorial in report.get("factorials") or []:   # each factor's levels to the speed, run by run
         columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(_config_key(factorial.runs[0], k)))
                    for k in factorial.sweep["factors"]]
@@ -64,13 +67,23 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
             wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))])]
         panels += [wr.LinePlot(title=f"{m} against step", x="step", y=[m]) for m in ("tokens_per_s", "loss")]
         sections.append(ws.Section(name=f"{factorial.sweep.get('technique', '')} ({factorial.name}, factorial)",
-                                   panels=panels, is_open=True))
+                                   panels=panels, is_open=True, panel_settings=ws.SectionPanelSettings(x_axis="step")))
     groups = where["groups"]
     knobs = [g.sweep.get("knob", "") for g in report["groups"] if "," not in g.sweep.get("knob", ",")]
     runset = ws.RunsetSettings(filters=" or ".join(f"Group = '{g}'" for g in groups),
                                groupby=[ws.Config(knobs[0])] if knobs else [])
-    return ws.Workspace(entity=entity or where.get("entity") or "your-entity", project=where.get("project") or "ablate",
-                        name=f"ablate: {', '.join(groups)}"[:120], sections=sections, runset_settings=runset)
+    return ws.Workspace(entity=entity_of(where, entity), project=where.get("project") or "ablate",
+                        name=f"ablate: {', '.join(groups)}"[:120], sections=sections, runset_settings=runset,
+                        settings=ws.WorkspaceSettings(x_axis="step"))
+
+
+PLACEHOLDER_ENTITY = "your-entity"
+
+
+def entity_of(where: Dict[str, object], given: Optional[str] = None) -> str:
+    """The workspace's owner: given (--entity), the runs' logger.entity, W&B's own variable, else a placeholder the
+    saved spec says to replace."""
+    return given or where.get("entity") or os.environ.get("WANDB_ENTITY") or PLACEHOLDER_ENTITY
 
 
 def tune_spec(knobs: List[str], objective: str, where: Dict[str, object]) -> Dict:
@@ -85,9 +98,11 @@ def tune_spec(knobs: List[str], objective: str, where: Dict[str, object]) -> Dic
               wr.LinePlot(title=f"{objective} against step", x="step", y=[objective])]
     groups = where["groups"]
     runset = ws.RunsetSettings(filters=" or ".join(f"Group = '{g}'" for g in groups))
-    return ws.Workspace(entity=where.get("entity") or "your-entity", project=where.get("project") or "ablate",
+    return ws.Workspace(entity=entity_of(where), project=where.get("project") or "ablate",
                         name=f"ablate tune: {', '.join(groups)}"[:120], runset_settings=runset,
-                        sections=[ws.Section(name=f"tune ({objective})", panels=panels, is_open=True)])._spec
+                        settings=ws.WorkspaceSettings(x_axis="step"),
+                        sections=[ws.Section(name=f"tune ({objective})", panels=panels, is_open=True,
+                                             panel_settings=ws.SectionPanelSettings(x_axis="step"))])._spec
 
 
 def _config_key(run, knob: str) -> str:
@@ -104,9 +119,9 @@ def _unique(checks):
     return out
 
 
-def write_spec(out: Path, report: Dict, where: Dict[str, object]) -> Path:
+def write_spec(out: Path, report: Dict, where: Dict[str, object], entity: Optional[str] = None) -> Path:
     path = out / SPEC_FILE
-    path.write_text(json.dumps(workspace(report, where)._spec, indent=1))
+    path.write_text(json.dumps(workspace(report, where, entity)._spec, indent=1))
     return path
 
 
@@ -127,10 +142,14 @@ def log_report_run(out: Path, report: Dict, where: Dict[str, object], pictures: 
     would not start (said in one line: the report's own files are written anyway)."""
     import wandb
 
+    run_id = report_run_id(out)
+    for earlier in (out / "wandb").glob(f"*-{run_id}"):   # this folder's report run before: replaced, not added to
+        shutil.rmtree(earlier, ignore_errors=True)
     try:
         run = wandb.init(project=where.get("project"), entity=where.get("entity"), group=where["groups"][0],
                          job_type="report", name=f"report {', '.join(where['groups'])}"[:120], dir=str(out),
                          mode="online" if where.get("mode") == "online" else "offline", tags=["report"],
+                         id=run_id, resume="allow",
                          settings=wandb.Settings(console="off", quiet=True, silent=True, x_disable_stats=True))
     except Exception as e:   # the report stands without W&B
         print(f"ablate.report: warning: no W&B report run ({type(e).__name__}: {str(e)[:160]})")
@@ -139,6 +158,11 @@ def log_report_run(out: Path, report: Dict, where: Dict[str, object], pictures: 
         run.log({"verdicts": wandb.Table(columns=VERDICT_COLUMNS, data=verdict_rows(report["checks"])),
                  **{f"plots/{p.stem}": wandb.Image(str(p)) for p in pictures if p.exists()}})
         return run.id
+
+
+def report_run_id(out: Path) -> str:
+    """One W&B run per report folder: each `ablate.report D` replaces D's report run instead of adding another."""
+    return "report-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
 
 
 def push(report: Dict, where: Dict[str, object]) -> int:
@@ -150,6 +174,7 @@ def push(report: Dict, where: Dict[str, object]) -> int:
               "uploaded first (wandb sync <dir>/*/*/wandb/offline-run-*); the view is in wandb_workspace.json",
               file=sys.stderr)
         return 2
-    saved = workspace(report, where, entity=where.get("entity") or wandb.Api().default_entity).save()
+    given = entity_of(where)
+    saved = workspace(report, where, entity=given if given != PLACEHOLDER_ENTITY else wandb.Api().default_entity).save()
     print(f"W&B workspace: {saved.url}")
     return 0
