@@ -72,6 +72,11 @@ def test_read_only_and_full_run_dirs_are_one_line(tmp_path, monkeypatch, capsys)
             assert main_in_process(monkeypatch, [*FAST, f"hydra.run.dir={where}/run"]) == 2
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and needle in err[0], err
+        from ablate.tune.__main__ import main as tune_main  # a tune's --dir: the disk's problem, not another tune's
+        for where, needle in ((ro, "cannot be written (Read-only file system)"), (full, "no space left")):
+            assert tune_main(["--space", "optim=adamw,sgd", "--dir", str(where / "t"), "--", *FAST]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and needle in err[0] and "another" not in err[0], err
     finally:
         for path in (ro, full):
             subprocess.run(["umount", "--lazy", str(path)], capture_output=True)

@@ -52,22 +52,27 @@ def check_fresh(run_dir: Path, resume: Optional[str]) -> None:
                           f"or continue it with train.resume={run_dir}")
 
 
-def check_writable(run_dir: Path, need_bytes: int = 1 << 20) -> None:
+def check_writable(run_dir: Path, need_bytes: int = 1 << 20, key: str = "hydra.run.dir") -> None:
     """The nearest existing folder of run_dir takes a file and has room."""
     probe = run_dir
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not os.access(probe, os.W_OK):
-        raise ConfigError(f"hydra.run.dir={run_dir}: {probe} is not writable (read-only or no permission)")
+        raise ConfigError(f"{key}={run_dir}: {probe} is not writable (read-only or no permission)")
     if shutil.disk_usage(probe).free < need_bytes:
-        raise ConfigError(f"hydra.run.dir={run_dir}: no space left on {probe}")
+        raise ConfigError(f"{key}={run_dir}: no space left on {probe} "
+                          f"({shutil.disk_usage(probe).free // 1024} kB free)")
 
 
 LOCK_FILE = ".ablate.lock"
 
 
+class Held(ConfigError):
+    """Another live process holds the directory's lock."""
+
+
 def _held(run_dir: Path) -> ConfigError:
-    return ConfigError(f"hydra.run.dir={run_dir}: another run is writing into it; choose another directory")
+    return Held(f"hydra.run.dir={run_dir}: another run is writing into it; choose another directory")
 
 
 def check_unlocked(run_dir: Path) -> None:
@@ -102,10 +107,13 @@ def lock(run_dir: Path, made_here: Optional[bool] = None) -> None:
     except OSError:
         handle.close()
         raise _held(run_dir) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
+    try:   # the holder's pid, for a person looking: a full disk keeps the lock without it
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+    except OSError:
+        pass
     _LOCKS[run_dir.resolve()] = handle
     if (not existed) if made_here is None else made_here:
         _CLAIMED.add(run_dir.resolve())
@@ -116,9 +124,12 @@ def hold(root: Path, who: str, what: str) -> None:
     one lives (the lock goes with the process), so nothing is run twice or reported as another's."""
     try:
         lock(root)
-    except ConfigError:
+    except Held:
         raise ConfigError(f"--dir {root}: another {who} call is running this {what}; wait for it, or run this "
                           "command again when it has ended (it continues what is left)") from None
+    except ConfigError as e:   # read-only, no permission: not another call
+        raise ConfigError(f"--dir {root}: {str(e).split(': ', 1)[1]}") from None
+    check_writable(root, need_bytes=1 << 20, key="--dir")
 
 
 def claimed(run_dir: Path) -> bool:
