@@ -218,3 +218,33 @@ def test_trials_logged_to_wandb_get_a_parallel_coordinates_workspace(tmp_path): 
     for column in ("config:train.value.batch_size", "config:precision.value.name", "summary:tokens_per_s",
                    "summary:mem_peak_bytes"):          # the parallel-coordinates panel's axes
         assert f'"accessor": "{column}"' in text, column
+
+
+def test_a_tune_killed_with_9_resumes_its_point_once_and_ends_the_orphan(tmp_path):
+    """In process (~2 s): the study of a call killed mid-trial holds a RUNNING trial, and its run may still be going
+    (it holds its run dir's lock). Continuing ends that run (its process group), tells the trial failed and asks
+    for its point again first: it is measured once, and a grid is not gone round again (duplicates, warnings)."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    from ablate.train import guards
+    from ablate.tune.__main__ import resume_interrupted
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", direction="maximize")
+    space = {"optim": optuna.distributions.CategoricalDistribution(["adamw", "sgd"])}
+    study.tell(study.ask(space), 1.0)
+    running = study.ask(space)
+    run_dir = tmp_path / "trials" / f"{running.number:03d}"
+    run_dir.mkdir(parents=True)
+    orphan = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from ablate.train import guards; guards.lock(Path(sys.argv[1])); print(1, flush=True); "
+                               "time.sleep(60)", str(run_dir)], stdout=subprocess.PIPE, start_new_session=True)
+    assert orphan.stdout.readline().strip() == b"1"   # it holds the lock
+    resume_interrupted(study, tmp_path)
+    assert orphan.wait(timeout=15) != 0               # ended, with its group
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
+    assert study.trials[-1].system_attrs["fixed_params"] == running.params   # its point first, asked again
+    assert guards.stop_holder(run_dir) is None          # nothing holds it now

@@ -8,10 +8,13 @@ command line runs them while composing; whether a run fits in memory is memory_g
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -87,6 +90,41 @@ def check_unlocked(run_dir: Path) -> None:
         except OSError:
             raise _held(run_dir) from None
         fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def stop_holder(run_dir: Path, grace_s: float = 10.0) -> Optional[int]:
+    """End the live process that holds run_dir's lock (an orphan: a driver killed with -9 leaves its child run
+    going), its whole process group, SIGTERM then SIGKILL after `grace_s`; the pid it was, or None if none held
+    it."""
+    try:
+        handle = open(run_dir / LOCK_FILE)
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+        except OSError:
+            pass
+        try:
+            pid = int(handle.read().strip() or 0)
+        except ValueError:
+            return None
+        if pid <= 0:
+            return None
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    return pid
+                except OSError:
+                    time.sleep(0.1)
+        return pid
 
 
 def lock(run_dir: Path, made_here: Optional[bool] = None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Dict, List, Optional
 
 from ablate import units
@@ -186,9 +187,7 @@ def run(args, base: List[str]) -> int:
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{args.dir.resolve() / 'optuna.db'}",
                                 load_if_exists=True, direction=direction(args.objective),
                                 sampler=sampler(space, args.trials, args.seed))
-    for t in study.trials:   # a trial an interrupted call left running: it never finished
-        if t.state == optuna.trial.TrialState.RUNNING:
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    resume_interrupted(study, args.dir)
     trials = recorded(study)
     if allocation.allocates(configs) and not allocation.inside() and (args.confirm or left(trials, space, args)):
         live = allocation.live_job(args.dir)
@@ -209,6 +208,23 @@ def run(args, base: List[str]) -> int:
     confirmed = confirm(winner, runner, args, steps) if args.confirm and winner and runner else None
     output.write(args, trials, base, budget, confirmed)
     return allocation.finish(args.dir, 0 if winner else 1)
+
+
+def resume_interrupted(study, root: Path) -> None:
+    """The trials an interrupted call left running (killed with -9: it told the study nothing): the run it left
+    going is ended (its process group), the trial told as failed, and its point asked for again first, so that it
+    is measured once and the sampler does not go round a grid it thinks exhausted."""
+    import optuna
+
+    for t in study.trials:
+        if t.state != optuna.trial.TrialState.RUNNING:
+            continue
+        orphan = guards.stop_holder(root / "trials" / f"{t.number:03d}")
+        if orphan:
+            print(f"trial {t.number}: the interrupted call's run (pid {orphan}) was still going: ended", flush=True)
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        if t.params:
+            study.enqueue_trial(t.params)
 
 
 ASKS_PER_TRIAL = 10   # TPE may ask again for a point already measured (free: its figures are reused): bounded

@@ -21,7 +21,7 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
     with (d / "tune.csv").open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["trial", "overrides", "state", "objective", "mem_peak_bytes", "reason", "seconds"])
-        for t in trials:
+        for t in distinct(trials):
             out.writerow([t.number, " ".join(t.overrides[len(base):]), t.state, t.objective, t.mem_peak_bytes,
                           t.reason, t.seconds])
     winner, runner = best_two(trials, maximise)
@@ -32,9 +32,10 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
         (d / "best.yaml").write_text("\n".join(chosen) + "\n")
     front = pareto(trials, maximise)
     plot = draw(d, trials, front, budget, args.objective)
-    counts = {s: sum(t.state == s for t in trials) for s in ("complete", "pruned", "failed", "oom")}
+    points = distinct(trials)
+    counts = {s: sum(t.state == s for t in points) for s in ("complete", "pruned", "failed", "oom")}
     lines = [f"# ablate tune: {args.objective} ({direction(args.objective)})", "",
-             f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+             f"{len(points)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
              + f"; {sum(t.seconds for t in trials):.0f} s of runs." + (f" Budget {budget / 1e9:g} GB per rank."
                                                                       if budget else ""), ""]
     if winner:
@@ -45,7 +46,8 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
     lines += ["", "| trial | overrides | state | objective | peak memory | reason |", "|---|---|---|---|---|---|"]
     lines += [f"| {t.number} | `{' '.join(t.overrides[len(base):])}` | {t.state} | "
               f"{units.fmt(args.objective, t.objective) if t.objective is not None else '—'} | "
-              f"{units.fmt('bytes', t.mem_peak_bytes) if t.mem_peak_bytes else '—'} | {t.reason} |" for t in trials]
+              f"{units.fmt('bytes', t.mem_peak_bytes) if t.mem_peak_bytes else '—'} | {t.reason} |"
+              for t in distinct(trials)]
     lines += ["", f"Pareto front (no trial is better on both): {', '.join(str(t.number) for t in front) or '—'}."]
     lines += (["", f"![tune]({plot})"] if plot else [])
     spec = write_workspace(d, trials, list(parse_space(args.space)), args.objective)
@@ -53,6 +55,17 @@ def write(args, trials: List[Trial], base: List[str], budget: Optional[float], c
     (d / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:6]))
     print(f"report: {d / 'report.md'} (and tune.csv, best.yaml{', ' + plot if plot else ''})")
+
+
+def distinct(trials: List[Trial]) -> List[Trial]:
+    """One row per point measured: its last attempt that was not a re-ask (a point the sampler asked for again
+    reuses its figures; a failed attempt a later call ran again is replaced by that run)."""
+    rows: Dict[str, Trial] = {}
+    for t in trials:
+        key = " ".join(t.overrides)
+        if key not in rows or (t.seconds and rows[key].state != "complete"):
+            rows[key] = t
+    return sorted(rows.values(), key=lambda t: t.number)
 
 
 def write_workspace(d: Path, trials: List[Trial], knobs: List[str], objective: str) -> Optional[Path]:
