@@ -62,6 +62,20 @@ def test_a_layout_that_cannot_be_is_refused_in_one_line(overrides, message):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel=fsdp2", "launcher.nproc_per_node=2", "parallel.param_dtype=bf16"],
+     "parallel.param_dtype=bf16 with precision=fp32: the blocks would compute in bf16"),
+    (["parallel=ddp", "launcher.nproc_per_node=2", "precision=bf16", "parallel.param_dtype=bf16"],
+     "parallel.param_dtype / parallel.reduce_dtype with parallel=ddp: FSDP2's mixed precision"),
+    (["parallel=fsdp2", "parallel.param_dtype=fp8"], "parallel.param_dtype=fp8: not a valid choice"),
+])
+def test_low_precision_all_gathers_are_fsdp2s_and_bf16s(monkeypatch, capsys, tmp_path, overrides, message):
+    code = main_in_process(monkeypatch, [*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_bad_layout_exits_2_in_one_line_with_no_run_dir(monkeypatch, capsys, tmp_path):
     run_dir = tmp_path / "run"
     code = main_in_process(monkeypatch, ["parallel=fsdp2", "parallel.tp=3", "launcher.nproc_per_node=3",
@@ -178,3 +192,29 @@ def test_a_users_model_without_a_plan_and_model_hf_are_refused_tp(user_files):
     with pytest.raises(ConfigError, match="model=hf has no tensor-parallel plan"):
         layout("model=hf", f"model.config={user_files.hf_config}", "parallel=fsdp2", "parallel.tp=2",
                "launcher.nproc_per_node=2")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained")   # shares the `trained` runs (fsdp2 x tp2 on 4 ranks, fsdp2 bf16 on 2)
+def test_a_vocab_parallel_loss_and_bf16_all_gathers_change_the_bytes_not_the_numbers(trained):
+    """parallel.loss_parallel (default with tp > 1): the loss per step equals the gathered logits' (fp32, 1e-4) and
+    the tp dim stops moving the logits (b x s x vocab floats) for three values per token; parallel.param_dtype=bf16
+    on fsdp2 x 2: the dp_shard bytes are 2/3 of the float32 all-gathers' (two bf16 all-gathers, one float32
+    reduce-scatter), the loss within bf16's tolerance (2 more runs, ~20 s)."""
+    split = trained("fsdp2", "fp32", 4, "parallel.tp=2")
+    gathered = trained("fsdp2", "fp32", 4, "parallel.tp=2", "parallel.loss_parallel=false")
+    assert losses(split) == pytest.approx(losses(gathered), rel=1e-4)
+    tokens = 8 * 64   # batch x seq per data-parallel rank, one micro-step a step
+    moved = gathered[0]["comm_bytes_by_dim"]["tp"] - split[0]["comm_bytes_by_dim"]["tp"]
+    assert moved == pytest.approx(4 * tokens * (256 - 3), rel=0.01)   # model=tiny's vocabulary: 256
+    for summary, _ in (split, gathered):
+        assert summary["comm_bytes_by_dim"]["tp"] == pytest.approx(summary["modeled"]["comm_bytes_by_dim.tp"],
+                                                                   rel=0.01)
+    low = trained("fsdp2", "bf16", 2, "parallel.param_dtype=bf16")
+    whole = trained("fsdp2", "bf16", 2)
+    ratio = low[0]["comm_bytes_by_dim"]["dp_shard"] / whole[0]["comm_bytes_by_dim"]["dp_shard"]
+    assert ratio == pytest.approx(2 / 3, rel=0.05), ratio
+    assert low[0]["numerics"]["param_dtype"] == "bfloat16" and whole[0]["numerics"]["param_dtype"] == "float32"
+    assert losses(low) == pytest.approx(losses(whole), rel=2e-2)
+    assert low[0]["comm_bytes_by_dim"]["dp_shard"] == pytest.approx(low[0]["modeled"]["comm_bytes_by_dim.dp_shard"],
+                                                                    rel=0.01)

@@ -101,6 +101,13 @@ class ParallelConfig:
     no_sync: bool = True                 # ddp: all-reduce once per optimizer step, not every micro-step
     bucket_cap_mb: Optional[float] = num(None, 0, low_open=True, null="torch's 25 MB")   # ddp: gradient bucket size
     reshard_after_forward: bool = True   # fsdp2
+    # fsdp2/hsdp: the dtype parameters are all-gathered and computed in (FSDP2's MixedPrecisionPolicy); null: the
+    # master dtype (float32 shards gathered whole); bf16: half the all-gather bytes and unsharded memory
+    param_dtype: Optional[str] = None
+    reduce_dtype: str = "float32"        # fsdp2/hsdp: the dtype gradients are reduce-scattered in
+    # tp > 1: the loss computed vocab-parallel (torch's loss_parallel; each rank keeps 1/tp of the logits); null:
+    # true when tp > 1; false gathers the logits whole on every tp rank
+    loss_parallel: Optional[bool] = None
     overlap_comm: bool = True            # deepspeed: overlap reduction with backward
     contiguous_gradients: bool = True   # deepspeed: gradients copied into one buffer
     reduce_bucket_size: int = num(50_000_000, 1)   # deepspeed: elements per gradient reduction
@@ -112,6 +119,14 @@ class ParallelConfig:
 
     def __post_init__(self):
         check_ranges(self, "parallel")
+        if self.param_dtype is not None:
+            choice("parallel.param_dtype", self.param_dtype, ("bf16", "float32"))
+        choice("parallel.reduce_dtype", self.reduce_dtype, ("float32", "bf16"))
+
+    @property
+    def vocab_parallel(self) -> bool:
+        """The loss taken vocab-parallel: parallel.loss_parallel, by default whenever layers are split (tp > 1)."""
+        return self.tp > 1 and (self.loss_parallel is None or self.loss_parallel)
 
 
 @dataclass

@@ -103,10 +103,11 @@ def first_line(text: str) -> str:
 SHOWN_CHARS = 150
 
 
-def shown(message: str, note: Optional[Path] = None) -> str:
-    """A rank's error as the console's one line shows it: its first line, cut at SHOWN_CHARS, and where the whole
-    error and its traceback are (the rank's note in the run dir), when there is one."""
+def shown(message: str, note: Optional[Path] = None, cut: bool = True) -> str:
+    """A rank's error as the console's one line shows it: its first line, cut at SHOWN_CHARS (an error's text;
+    `cut=False`: ablate's own stop, one line already), and where the whole error and its traceback are (the rank's
+    note in the run dir), when there is one."""
     text = first_line(message) or message
-    text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS].rstrip() + "..."
+    text = text if len(text) <= SHOWN_CHARS or not cut else text[:SHOWN_CHARS].rstrip() + "..."
     traced = note is not None and note.exists() and len(note.read_text().strip().splitlines()) > 1
     return f"{text} (traceback: {note})" if traced else text

@@ -124,7 +124,8 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
         notes = run_dir / train.FAILURES_DIR
         stopped = failures.noted_stop(notes)
         if stopped:                  # a rank stopped the run on purpose, and said why in one line
-            raise RunStopped(failures.shown(stopped[1], notes / f"stopped-rank{stopped[0]}.txt"), exit_code=1) from None
+            raise RunStopped(failures.shown(stopped[1], notes / f"stopped-rank{stopped[0]}.txt", cut=False),
+                             exit_code=1) from None
         (rank, failure), *others = failures.root_cause_first(e.failures)
         noted = failures.noted_root_cause(notes)
         silent = failures.silent_ranks(notes, n)

@@ -96,7 +96,9 @@ class LanguageModel(nn.Module):
         logits = logits_of(self.net(tokens), tokens)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        # logits split by vocabulary (a vocab-parallel loss): the loss comes back replicated on the tp ranks
+        return loss.to_local() if hasattr(loss, "to_local") else loss
 
 
 def count_params(net: nn.Module, non_embedding: bool = True) -> int:

@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ablate.config import AblateConfig
+from ablate.config import AblateConfig, ConfigError
 from ablate.parallel.mesh import Layout, decode
 from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
@@ -71,7 +71,11 @@ def layout_of(cfg: AblateConfig) -> Layout:
 def check(cfg: AblateConfig, has_cuda: bool) -> None:
     """Combinations that cannot run, refused in one line before launch (each strategy says its own)."""
     layout_of(cfg)
-    strategy_class(cfg.parallel.name).check(cfg.parallel, Precision(cfg.precision), has_cuda)
+    p = cfg.parallel
+    if (p.param_dtype is not None or p.reduce_dtype != "float32") and REGISTRY[p.name].module != "fsdp2":
+        raise ConfigError(f"parallel.param_dtype / parallel.reduce_dtype with parallel={p.name}: FSDP2's mixed "
+                          "precision (low-precision all-gathers); valid with parallel=fsdp2, hsdp, or leave both unset")
+    strategy_class(p.name).check(p, Precision(cfg.precision), has_cuda)
 
 
 def build(cfg: AblateConfig, model, device, layout: Layout, mesh):
@@ -83,7 +87,7 @@ def build(cfg: AblateConfig, model, device, layout: Layout, mesh):
     if layout.tp > 1:   # (DTensor's import, 0.6 s, paid by the runs that split layers only)
         from ablate.parallel import tp
 
-        tp.parallelize(model, cfg.model, mesh["tp"])
+        tp.parallelize(model, cfg.model, mesh["tp"], cfg.parallel.vocab_parallel)
     if cfg.train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a
         for block in model.blocks.modules or [model]:   # 16-layer 1B model compiles one block (seconds)
             block.compile()

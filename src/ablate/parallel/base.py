@@ -181,10 +181,21 @@ class TorchStrategy(Strategy):
                                          "torch" if self.scaler else "none")
 
     def autocast(self):
-        return self.precision.autocast()
+        return self._with_loss_context(self.precision.autocast())
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        with self._with_loss_context(contextlib.nullcontext()):
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def _with_loss_context(self, inner):
+        """`inner`, inside the model's loss context when it has one (a vocab-parallel loss: parallel/tp.py)."""
+        made = getattr(self.model, "loss_context", None)
+        if made is None:
+            return inner
+        stack = contextlib.ExitStack()
+        stack.enter_context(made())
+        stack.enter_context(inner)
+        return stack
 
     def clip(self) -> torch.Tensor:
         """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow. The norm is taken

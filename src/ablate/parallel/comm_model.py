@@ -2,14 +2,16 @@
 here" a layouts sweep judges the counted bytes against (summary.json's `modeled`). Payloads are counted as
 metrics/comm.py counts them: the full buffer of each collective (an all-gather's output, a reduce-scatter's input).
 
-- dp_shard (FSDP2/HSDP, float32 shards): every micro-step all-gathers the rank's tensor-parallel split of the
-  parameters in forward and, resharded after forward, again in backward; the last micro-step reduce-scatters the
-  gradients: (2 x grad_accum + 1) x 4 N / tp bytes (grad_accum + 1 without resharding).
+- dp_shard (FSDP2/HSDP): every micro-step all-gathers the rank's tensor-parallel split of the parameters in
+  forward and, resharded after forward, again in backward, in parallel.param_dtype (4 bytes float32, 2 bf16); the
+  last micro-step reduce-scatters the gradients in parallel.reduce_dtype: (2 x grad_accum x P + R) x N / tp bytes
+  (grad_accum x P + R without resharding).
 - dp_replicate: HSDP all-reduces the reduce-scattered shard once per step, 4 N / (tp x dp_shard); DDP all-reduces
   the whole gradient, 4 N, once per step with no_sync, every micro-step without.
 - tp (the built-in Llama's plan, parallel/tp.py, float32 only): per micro-step, each block all-gathers its two
   sequence-sharded inputs and reduce-scatters its two outputs, the embedding's output is reduce-scattered and the
-  head's input all-gathered, each b x s x dim, mirrored in backward; the logits are gathered whole (b x s x vocab);
+  head's input all-gathered, each b x s x dim, mirrored in backward; the loss, vocab-parallel, all-reduces three
+  values per token (b x s x 3; parallel.loss_parallel=false: the logits gathered whole, b x s x vocab);
   the norms' weight gradients (2 per block + the final one, dim each) are all-reduced. The gradient norm's few
   scalar all-reduces are left out.
 ZeRO's own bucketing is not modelled (None).
@@ -24,10 +26,13 @@ from ablate.parallel.mesh import Layout
 FP32 = 4
 
 
+BYTES = {None: 4, "float32": 4, "bf16": 2}
+
+
 def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
-    accum = cfg.train.grad_accum
-    gathers = 2 * accum if cfg.parallel.reshard_after_forward else accum
-    return (gathers + 1) * FP32 * n_params / layout.tp
+    p = cfg.parallel
+    gathers = 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
+    return (gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]) * n_params / layout.tp
 
 
 def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
@@ -42,7 +47,10 @@ def tp_bytes(cfg: AblateConfig) -> Optional[float]:
     if not isinstance(m, ModelConfig) or cfg.precision.name != "fp32" or t.seq_len_min is not None:
         return None
     tokens = t.batch_size * t.seq_len
-    activations = 2 * (2 + 4 * m.n_layers) * tokens * m.dim + tokens * m.vocab_size
+    # the loss: vocab-parallel, three all-reduces of one value per token (the max, the sum of exponentials, the
+    # target's logit: torch's loss_parallel); else the logits gathered whole
+    loss = 3 * tokens if cfg.parallel.vocab_parallel else tokens * m.vocab_size
+    activations = 2 * (2 + 4 * m.n_layers) * tokens * m.dim + loss
     per_micro = (activations + (2 * m.n_layers + 1) * m.dim) * FP32
     return t.grad_accum * per_micro
 

@@ -5,20 +5,32 @@ mesh's `dp_shard`); hsdp shards within groups of `parallel.shard_size` ranks and
 block's weights are all-gathered before use and its gradients reduce-scattered after backward. With
 parallel.tp > 1 the layers are already split over `tp` (tp.py) and FSDP shards those splits (FSDP2 + TP).
 
-Numerics as under every torch strategy: float32 shards (the master weights), bf16/fp16 compute under
-autocast, gradients reduced in float32. FSDP2's own MixedPrecisionPolicy (low-precision all-gathers) is
-deliberately not used, so that precision=bf16 means the same here as under ddp or zero."""
+Numerics: float32 shards (the master weights), bf16/fp16 compute under autocast, gradients reduced in float32, as
+under every torch strategy (precision=bf16 means the same here as under ddp or zero). `parallel.param_dtype=bf16`
+adds FSDP2's MixedPrecisionPolicy (torchtitan's default): the shards are all-gathered in bf16 and the blocks
+compute on them (half the all-gather bytes and half the unsharded parameters' memory); `parallel.reduce_dtype`
+is what gradients are reduce-scattered in (float32 by default). Recorded in the run's numerics."""
 from __future__ import annotations
 
 import contextlib
 
-from torch.distributed.fsdp import fully_shard
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ablate.config import ConfigError
 from ablate.parallel.base import TorchStrategy
 from ablate.parallel.mesh import Layout
 from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
+
+DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16}
+
+
+def mixed_precision(parallel) -> MixedPrecisionPolicy:
+    """FSDP2's policy: parameters gathered in parallel.param_dtype (None: as stored), gradients reduced in
+    parallel.reduce_dtype."""
+    return MixedPrecisionPolicy(param_dtype=DTYPES.get(parallel.param_dtype) if parallel.param_dtype else None,
+                                reduce_dtype=DTYPES[parallel.reduce_dtype])
 
 
 def data_parallel_mesh(mesh, layout: Layout):
@@ -29,16 +41,22 @@ def data_parallel_mesh(mesh, layout: Layout):
 class FSDP2(TorchStrategy):
     def __init__(self, model, parallel, train, optim_cfg, precision, device, layout: Layout, mesh):
         dp_mesh = data_parallel_mesh(mesh, layout)
+        policy = mixed_precision(parallel)
         for block in model.blocks.modules:   # the model's repeated blocks (model/contract.py), by rule or named
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
+        self.grad_reduce_dtype = DTYPES[parallel.reduce_dtype]
         super().__init__(model, train, optim_cfg, precision, device, layout, mesh)
+        self.numerics["param_dtype"] = str(DTYPES[parallel.param_dtype or "float32"]).removeprefix("torch.")
 
     @classmethod
     def check(cls, parallel, precision: Precision, has_cuda: bool) -> None:
         if precision.spec.loss_scaling:
             raise ConfigError(f"parallel={parallel.name} with precision={precision.cfg.name}: torch's GradScaler "
                               "does not handle sharded gradients here; valid: precision=fp32, bf16")
+        if parallel.param_dtype == "bf16" and precision.cfg.name != "bf16":
+            raise ConfigError(f"parallel.param_dtype=bf16 with precision={precision.cfg.name}: the blocks would "
+                              "compute in bf16 on bf16 weights; give precision=bf16, or parallel.param_dtype=null")
 
     @classmethod
     def plan_bytes(cls, numels, parallel, precision: Precision, layout: Layout) -> Breakdown:

@@ -4,8 +4,10 @@ column/row split, Shoeybi et al. 2019; sequence parallelism between the splits, 
 The built-in Llama's plan is torchtitan's (torchtitan/models/llama3/infra/parallelize.py, apply_tp): the
 embedding split by vocabulary rows with its output sharded on the sequence; in each block the norms run
 sequence-parallel, q/k/v and w1/w3 are split by columns (each rank keeps n_heads / tp heads), wo and w2 by rows
-(their outputs reduce-scattered back to sequence shards); the head split by columns, its logits gathered whole
-so that ablate's loss reads them as from one rank. A user's model declares its plan in its YAML (`tp_plan`:
+(their outputs reduce-scattered back to sequence shards); the head split by columns, its logits left split by
+vocabulary for a vocab-parallel loss (parallel.loss_parallel, torch's loss_parallel: each rank keeps 1/tp of the
+logits, as torchtitan and Megatron do), or gathered whole (parallel.loss_parallel=false). A user's model
+declares its plan in its YAML (`tp_plan`:
 {module path pattern: colwise | rowwise | sequence_parallel, with layouts and fused parts}: config/tp_plan.py,
 docs/layouts.md); no other model gets tensor parallelism.
 """
@@ -19,6 +21,7 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
@@ -30,12 +33,15 @@ from ablate.parallel.tp_plan import default_input, default_output, resolve
 LAYOUTS = {"replicate": Replicate(), "sequence": Shard(1), "split": Shard(-1)}
 
 
-def llama_plan(n_layers: int) -> Dict[str, object]:
-    """The built-in Llama's plan (model/llama.py's module names), sequence parallel between the splits."""
+def llama_plan(n_layers: int, vocab_parallel: bool) -> Dict[str, object]:
+    """The built-in Llama's plan (model/llama.py's module names), sequence parallel between the splits; the head's
+    logits kept split by vocabulary for a vocab-parallel loss, or gathered whole."""
+    head = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False) \
+        if vocab_parallel else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     plan: Dict[str, object] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "output": head,
     }
     for i in range(n_layers):
         block = f"layers.{i}"
@@ -92,8 +98,14 @@ def user_plan(net, model_cfg, tp: int) -> Dict[str, object]:
     return {fqn: user_style(split, net.get_submodule(fqn)) for fqn, split in resolve(net, model_cfg, tp).items()}
 
 
-def parallelize(model, model_cfg, tp_mesh) -> None:
-    """Split `model`'s layers over `tp_mesh` in place (its network: the contract's `net`)."""
-    plan = llama_plan(model_cfg.n_layers) if isinstance(model_cfg, ModelConfig) else \
-        user_plan(model.net, model_cfg, tp_mesh.size())
+def parallelize(model, model_cfg, tp_mesh, vocab_parallel: bool = False) -> None:
+    """Split `model`'s layers over `tp_mesh` in place (its network: the contract's `net`). With `vocab_parallel`
+    the built-in head leaves its logits split by vocabulary and the model's loss is taken vocab-parallel
+    (torch's loss_parallel: each rank's 1/tp of the logits; model.vocab_parallel, read by the strategy)."""
+    if isinstance(model_cfg, ModelConfig):
+        plan = llama_plan(model_cfg.n_layers, vocab_parallel)
+        if vocab_parallel:   # the context the loss's forward and backward run in (TorchStrategy reads it)
+            model.loss_context = loss_parallel
+    else:
+        plan = user_plan(model.net, model_cfg, tp_mesh.size())
     parallelize_module(model.net, tp_mesh, plan)
