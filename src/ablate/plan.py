@@ -54,7 +54,7 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "zero_paper": zero_paper(nominal, world, stage), "zero_paper_total": 16 * nominal,
             "ablate": parallel.plan_bytes(numels, cfg, layout, facts.split), "activation_bytes": facts.activation_bytes,
             "activation_source": facts.activation_source,
-            "activation_checkpointing": bool(cfg.model.activation_checkpointing),
+            "activation_checkpointing": cfg.model.activation_checkpointing,
             "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens"}
 
 

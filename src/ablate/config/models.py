@@ -10,6 +10,22 @@ from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
 from ablate.config.tp_plan import Split, decode_plan
 
+CHECKPOINTING = ("false", "true", "an integer k >= 2 (every k-th block)", "selective")
+
+
+def checkpointing_mode(value: Any):
+    """model.activation_checkpointing decoded once: False, True (every block), k >= 2 (every k-th block) or
+    "selective" (per op); none/full spelled out are taken too. One line for anything else."""
+    if isinstance(value, str):
+        value = {"none": False, "false": False, "full": True, "true": True}.get(value.strip().lower(), value)
+        value = int(value) if isinstance(value, str) and value.isdigit() else value
+    if isinstance(value, bool) or value == "selective":
+        return value
+    if isinstance(value, int) and value >= 1:
+        return True if value == 1 else value
+    raise ConfigError(f"model.activation_checkpointing={value}: not a valid choice; valid choices: "
+                      f"{', '.join(CHECKPOINTING)}")
+
 
 @dataclass
 class ModelConfig:
@@ -26,12 +42,15 @@ class ModelConfig:
     norm_eps: float = num(1e-5, 0, low_open=True)   # RMSNorm epsilon
     rope_theta: float = num(10000.0, 0, low_open=True)   # RoPE base frequency
     tie_embeddings: bool = False   # the LM head shares the embedding matrix
-    activation_checkpointing: bool = False   # recompute each block's forward in backward (8N accounting)
+    # recompute in backward: false | true (every block: the 8N accounting) | k >= 2 (every k-th block) | selective
+    # (per op: the matmuls' and attention's outputs kept but every second matmul's): model/checkpointing.py
+    activation_checkpointing: Any = False
     attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
 
     def __post_init__(self):
         check_ranges(self, "model")
         choice("model.attention", self.attention, ("sdpa", "math"))
+        self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
                               f"{self.n_kv_heads}: dim must divide by n_heads and n_heads by n_kv_heads")
@@ -44,9 +63,10 @@ class HFModelConfig:
     name: str = "hf"   # recorded label
     config: Optional[str] = None           # a transformers config.json (or the folder holding one)
     blocks: Optional[str] = None           # attribute path of the repeated blocks; null: found by rule
-    activation_checkpointing: bool = False   # recompute each block in backward (torch checkpoint per block)
+    activation_checkpointing: Any = False   # false | true | k >= 2 | selective, as for the built-in Llama
 
     def __post_init__(self):
+        self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
         if not self.config:
             raise ConfigError("model.config: give the path of a transformers config.json (model=hf "
                               "model.config=PATH/config.json)")
@@ -73,7 +93,7 @@ class UserModelConfig:
     name: str = "custom"   # recorded label (the choice, e.g. model=mine)
     args: Dict[str, Any] = field(default_factory=dict)   # every other key of the file: the constructor's arguments
     blocks: Optional[str] = None   # attribute path of the repeated blocks; null: found by rule
-    activation_checkpointing: bool = False   # recompute each block in backward (torch checkpoint per block)
+    activation_checkpointing: Any = False   # false | true | k >= 2 | selective, as for the built-in Llama
     max_seq_len: Optional[int] = None   # an argument ablate reads too: the longest train.seq_len
     # parallel.tp > 1: {module path pattern: colwise | rowwise | sequence_parallel, or a mapping with style, input,
     # output, fused} (config/tp_plan.py, docs/layouts.md); without one, tensor parallelism is refused for this model
@@ -81,12 +101,13 @@ class UserModelConfig:
 
     def __post_init__(self):
         self.splits: Optional[Dict[str, Split]] = decode_plan(self.tp_plan)   # decoded once, checked here
+        self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
 
     @classmethod
     def from_node(cls, node: Dict[str, Any]) -> "UserModelConfig":
         return cls(target=str(node["_target_"]), name=node.get("name") or "custom",
                    args={k: v for k, v in node.items() if k not in USER_MODEL_KEYS},
-                   blocks=node.get("blocks"), activation_checkpointing=bool(node.get("activation_checkpointing")),
+                   blocks=node.get("blocks"), activation_checkpointing=node.get("activation_checkpointing") or False,
                    max_seq_len=node.get("max_seq_len"),
                    tp_plan=_plain(node["tp_plan"]) if node.get("tp_plan") else None)
 

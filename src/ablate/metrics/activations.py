@@ -52,6 +52,7 @@ class SavedTensors:
         self.bytes = 0
         self.by_block: List[int] = []
         self.block_inputs: List[int] = []
+        self.kept_by_block: List[int] = []   # what selective checkpointing would keep per block (model/facts.py)
 
     def _pack(self, t: torch.Tensor):
         if not is_weight(t):

@@ -94,11 +94,26 @@ def training_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> Flop
     dense_fwd = 2 * (n + head) * tokens
     attn_fwd = 4 * cfg.n_layers * cfg.dim * tokens_x_len
     model = 3 * (dense_fwd + attn_fwd)
-    # Non-reentrant checkpointing stops recomputing once every saved tensor backward needs is back
-    # (torch.utils.checkpoint "early stop", on by default): a block's last matmul (w2) is not redone.
-    w2 = cfg.n_layers * cfg.ffn_hidden * cfg.dim
-    recompute = (2 * (n - w2) * tokens + attn_fwd) if cfg.activation_checkpointing else 0
-    return FlopsPerToken(model=float(model), hardware=float(model + recompute))
+    return FlopsPerToken(model=float(model), hardware=float(model + recompute_flops(cfg, tokens, attn_fwd)))
+
+
+def recompute_flops(cfg: ModelConfig, tokens: float, attn_fwd: float) -> float:
+    """What model.activation_checkpointing redoes in backward (model/checkpointing.py). Every block: its forward
+    but its last matmul - non-reentrant checkpointing stops recomputing once every saved tensor backward needs is
+    back (torch.utils.checkpoint "early stop", on by default), so w2 is not redone. Every k-th block: that share of
+    it. Selective: the matmuls whose outputs it drops, every second of a block's seven (wk, wo, w3), and attention
+    only when it is spelled out as matmuls (attention=math: SDPA's output is kept)."""
+    mode, layers = cfg.activation_checkpointing, cfg.n_layers
+    if not mode:
+        return 0.0
+    head_dim = cfg.dim // cfg.n_heads
+    if mode == "selective":
+        dropped = cfg.dim * cfg.n_kv_heads * head_dim + cfg.n_heads * head_dim * cfg.dim + cfg.dim * cfg.ffn_hidden
+        return 2.0 * layers * dropped * tokens + (attn_fwd if cfg.attention == "math" else 0.0)
+    w2 = layers * cfg.ffn_hidden * cfg.dim
+    whole = 2 * (block_matmul_params(cfg) - w2) * tokens + attn_fwd
+    share = 1.0 if mode is True else -(-layers // mode) / layers   # blocks 0, k, 2k, ... of the layers
+    return whole * share
 
 
 def full_recompute_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> float:

@@ -7,7 +7,6 @@ activation checkpointing to the blocks of a model that does not do it itself.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Callable, Dict
 
@@ -17,12 +16,13 @@ from torch import nn
 from ablate.config import ConfigError, HFModelConfig, ModelConfig, UserModelConfig
 from ablate.config.fields import user_object
 from ablate.config.models import USER_MODEL_KEYS
+from ablate.model import checkpointing
 from ablate.model.contract import Blocks, LanguageModel, ModelContractError, count_params, find_blocks, matmul_params
 from ablate.model.llama import Transformer
 
 
 def build_llama(cfg: ModelConfig) -> nn.Module:
-    return Transformer(cfg)   # checkpoints its own blocks (model.activation_checkpointing)
+    return Transformer(cfg)
 
 
 def build_hf(cfg: HFModelConfig) -> nn.Module:
@@ -73,31 +73,21 @@ def build_target(cfg: UserModelConfig) -> nn.Module:
 # the model node's schema -> its builder (config/models.py)
 REGISTRY: Dict[type, Callable[..., nn.Module]] = {ModelConfig: build_llama, HFModelConfig: build_hf,
                                                   UserModelConfig: build_target}
-SELF_CHECKPOINTING = (ModelConfig,)   # builders whose networks checkpoint their own blocks
-
-
 def build_net(cfg, device="cpu") -> nn.Module:
     with torch.device(device):
         return REGISTRY[type(cfg)](cfg)
 
 
-def checkpoint_blocks(blocks: Blocks) -> None:
-    """Activation checkpointing of each block, torch's non-reentrant checkpoint (as the built-in Llama does)."""
-    from torch.utils.checkpoint import checkpoint
-
-    for block in blocks.modules:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-
-
 def build(cfg, device="cpu") -> LanguageModel:
-    """The model of a `model` node, built on `device` ("meta": shapes only, no memory), under the contract."""
+    """The model of a `model` node, built on `device` ("meta": shapes only, no memory), under the contract; its
+    blocks checkpointed as model.activation_checkpointing says (model/checkpointing.py), whoever's model it is."""
     net = build_net(cfg, device)
     blocks = find_blocks(net, getattr(cfg, "blocks", None))
-    if cfg.activation_checkpointing and not isinstance(cfg, SELF_CHECKPOINTING):
+    if cfg.activation_checkpointing:
         if not blocks.modules:
-            raise ConfigError(f"model.activation_checkpointing=true: no repeated blocks found in model={cfg.name}; "
-                              "name them with model.blocks=ATTR.PATH")
-        checkpoint_blocks(blocks)
+            raise ConfigError(f"model.activation_checkpointing={cfg.activation_checkpointing}: no repeated blocks "
+                              f"found in model={cfg.name}; name them with model.blocks=ATTR.PATH")
+        checkpointing.apply(blocks.modules, cfg.activation_checkpointing)
     return LanguageModel(net, blocks)
 
 

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ablate.config import AblateConfig, ModelConfig
 from ablate.metrics.activations import SavedTensors
 from ablate.metrics.flops import COUNTED_REAL, FlopModel
-from ablate.model import build, matmul_params
+from ablate.model import build, checkpointing, matmul_params
 from ablate.model.contract import ModelContractError, vocab_size_of
 from ablate.parallel.tp_plan import one_rank_of, split_params
 from ablate.precision import numerics
@@ -132,8 +132,9 @@ def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTen
     one_rank_of(lm.net, cfg.model, tp)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
     autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
-    with autocast, SavedTensors(lm.blocks.modules) as saved:
+    with autocast, SavedTensors(lm.blocks.modules) as saved, checkpointing.KeptBySelective(lm.blocks.modules) as kept:
         lm(x, x)
+    saved.kept_by_block = kept.by_block
     return saved, numels, vocab_size_of(lm.net), lm.blocks.record()
 
 
@@ -144,10 +145,24 @@ def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
     rank already (saved_on_fake's tp). With activation checkpointing the blocks' inputs plus one block's recompute
     instead of every block's own."""
     tp = tp if isinstance(cfg.model, ModelConfig) else 1
-    blocks = (sum(saved.block_inputs) + max(saved.by_block, default=0)) if cfg.model.activation_checkpointing \
-        else sum(saved.by_block)
+    blocks = kept_by_blocks(saved, cfg.model.activation_checkpointing)
     outside = saved.bytes - sum(saved.by_block)
     return float(cfg.train.batch_size * (outside + blocks / tp))
+
+
+def kept_by_blocks(saved: SavedTensors, mode) -> float:
+    """The blocks' activations under model.activation_checkpointing (model/checkpointing.py): each checkpointed
+    block keeps its input, one of them at a time its recompute (the largest); selective keeps, in each block, its
+    input and the outputs of the matmuls and attention it saves (saved.kept_by_block, measured per op), and
+    recomputes one block's rest at a time."""
+    if not mode:
+        return float(sum(saved.by_block))
+    if mode == "selective":
+        return float(sum(saved.block_inputs) + sum(saved.kept_by_block)
+                     + max((b - k for b, k in zip(saved.by_block, saved.kept_by_block)), default=0))
+    held = [i for i in range(len(saved.by_block)) if checkpointing.checkpointed(i, mode)]
+    whole = sum(b for i, b in enumerate(saved.by_block) if i not in held)
+    return float(whole + sum(saved.block_inputs[i] for i in held) + max((saved.by_block[i] for i in held), default=0))
 
 
 def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:

@@ -11,7 +11,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from ablate.config import ModelConfig
 
@@ -92,17 +91,11 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
-        self.checkpointed = cfg.activation_checkpointing
-
-    def _forward(self, x, cos, sin):
-        h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
 
     def forward(self, x, cos, sin):
-        if self.checkpointed and torch.is_grad_enabled():
-            # activations are recomputed in backward: one more forward per step (the article's 8N)
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+        # (model.activation_checkpointing wraps this per block, as for any model's blocks: model/checkpointing.py)
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):

@@ -10,13 +10,14 @@ import shutil
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ablate import optim, units
 from ablate.config import RunStopped
 from ablate.metrics.activations import SavedTensors
 from ablate.metrics.collectors import Collected, StepEvent
 from ablate.metrics.profile import StepProfiler
+from ablate.model import checkpointing
 from ablate.train import checkpoint, hooks, signals
 
 
@@ -52,25 +53,33 @@ class Loop:
             x, y = next(self.feeder)
             self.meter.clock.begin()
             # the run's first micro-step counts what autograd saves for backward (summary.json's activation_bytes)
-            saved = SavedTensors(self.blocks) if self.activation_bytes is None else nullcontext()
+            first = self.activation_bytes is None
+            saved = SavedTensors(self.blocks) if first else nullcontext()
+            # selective checkpointing keeps its ops' outputs where autograd's hooks do not see them: counted per op
+            kept = checkpointing.KeptBySelective(self.blocks) \
+                if first and self.cfg.model.activation_checkpointing == "selective" else nullcontext()
             with strategy.micro_step(last=micro == t.grad_accum - 1):
-                with strategy.autocast(), saved:
+                with strategy.autocast(), saved, kept:
                     loss = strategy.model(x, y)
-                if self.activation_bytes is None:
-                    self.activation_bytes = self.saved_for_backward(saved)
+                if first:
+                    self.activation_bytes = self.saved_for_backward(saved, getattr(kept, "by_block", []))
                 strategy.backward(loss / t.grad_accum)
             self.meter.clock.end("fwd_bwd")
             self.meter.on_micro(loss)
             self.last_loss = loss
 
-    def saved_for_backward(self, saved: SavedTensors) -> int:
-        """With activation checkpointing torch's checkpoint keeps each block's input out of autograd's sight: added
-        from the blocks' inputs (a block's recompute in backward is not seen here: ablate.plan adds one)."""
-        if not self.cfg.model.activation_checkpointing:
+    def saved_for_backward(self, saved: SavedTensors, kept: List[int]) -> int:
+        """With activation checkpointing torch's checkpoint keeps each checkpointed block's input out of autograd's
+        sight, and selective checkpointing the outputs it saves (`kept`, counted per op): added (a block's recompute
+        in backward is not seen here: ablate.plan adds one)."""
+        mode = self.cfg.model.activation_checkpointing
+        if not mode:
             return saved.bytes
-        self.meter.notes["activation_bytes"] = ("activation checkpointing: the blocks' inputs and what autograd saves "
-                                                "outside them; one block's recompute in backward not included")
-        return saved.bytes + sum(saved.block_inputs)
+        self.meter.notes["activation_bytes"] = ("activation checkpointing: the checkpointed blocks' inputs, what "
+                                                "selective checkpointing keeps, and what autograd saves outside "
+                                                "them; one block's recompute in backward not included")
+        inputs = [b for i, b in enumerate(saved.block_inputs) if checkpointing.checkpointed(i, mode)]
+        return saved.bytes + sum(inputs) + sum(kept)
 
     def run(self, start_step: int) -> None:
         t = self.cfg.train
