@@ -43,13 +43,15 @@ class SavedTensors:
     """`with SavedTensors() as saved: loss = model(x, y)`; then `saved.bytes`, `saved.by_block`, `saved.block_inputs`.
     `blocks`: the model's repeated blocks (model/contract.py), for the per-block figures."""
 
-    def __init__(self, blocks: Optional[List[torch.nn.Module]] = None):
-        self.blocks = blocks or []
+    def __init__(self, blocks: Optional[List[torch.nn.Module]] = None, vocab: Optional[int] = None):
+        self.blocks, self.vocab = blocks or [], vocab
         self._seen: Dict[int, tuple] = {}       # storage key -> (storage, block index or None)
         self._current: Optional[int] = None
         self._inputs: Dict[int, int] = {}
         self._handles = []
         self.bytes = 0
+        self._by_vocab: Dict[int, object] = {}
+        self.vocab_bytes = 0   # of `bytes`: tensors outside the blocks as wide as the vocabulary (logits, loss)
         self.by_block: List[int] = []
         self.block_inputs: List[int] = []
         self.kept_by_block: List[int] = []   # what selective checkpointing would keep per block (model/facts.py)
@@ -58,6 +60,8 @@ class SavedTensors:
         if not is_weight(t):
             storage = _local(t).untyped_storage()
             self._seen.setdefault(storage._cdata, (storage, self._current))
+            if self.vocab and self._current is None and t.dim() and t.shape[-1] == self.vocab:
+                self._by_vocab[storage._cdata] = storage   # logits, the loss's: split by a vocab-parallel loss
         return t
 
     def _enter(self, index: int):
@@ -91,7 +95,9 @@ class SavedTensors:
                 per_block[block] += n
         self.bytes, self.by_block = total, per_block
         self.block_inputs = [self._inputs.get(i, 0) for i in range(len(self.blocks))]
+        self.vocab_bytes = sum(storage.nbytes() for storage in self._by_vocab.values())
         self._seen.clear()
+        self._by_vocab.clear()
 
     def checkpointed(self) -> int:
         """The bytes with activation checkpointing of every block: the blocks' inputs instead of their saved

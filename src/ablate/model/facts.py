@@ -132,7 +132,9 @@ def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTen
     one_rank_of(lm.net, cfg.model, tp)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
     autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
-    with autocast, SavedTensors(lm.blocks.modules) as saved, checkpointing.KeptBySelective(lm.blocks.modules) as kept:
+    vocab = vocab_size_of(lm.net)
+    with autocast, SavedTensors(lm.blocks.modules, vocab) as saved, \
+            checkpointing.KeptBySelective(lm.blocks.modules) as kept:
         lm(x, x)
     saved.kept_by_block = kept.by_block
     return saved, numels, vocab_size_of(lm.net), lm.blocks.record()
@@ -141,12 +143,15 @@ def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTen
 def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
     """One rank's activations for one micro-batch: for the built-in Llama the blocks' share split over tp (tensor
     and sequence parallelism split every block's activations: Korthikanti et al. 2022, sec. 4.2.2), the rest
-    (embedding, final norm, logits and loss, gathered whole on each rank) not; a user's model was measured as one
+    (embedding, final norm; the logits and the loss's tensors split by vocabulary under a vocab-parallel loss, else
+    gathered whole on each rank) not; a user's model was measured as one
     rank already (saved_on_fake's tp). With activation checkpointing the blocks' inputs plus one block's recompute
     instead of every block's own."""
     tp = tp if isinstance(cfg.model, ModelConfig) else 1
     blocks = kept_by_blocks(saved, cfg.model.activation_checkpointing)
     outside = saved.bytes - sum(saved.by_block)
+    if tp > 1 and cfg.parallel.vocab_parallel:   # the logits and the loss's tensors: each rank keeps 1/tp of them
+        outside -= saved.vocab_bytes * (1 - 1 / tp)
     return float(cfg.train.batch_size * (outside + blocks / tp))
 
 
