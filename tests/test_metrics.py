@@ -214,3 +214,19 @@ def test_a_run_started_by_a_large_process_reports_its_own_peak_memory():   # ~0.
                            capture_output=True, text=True, check=True)
     assert int(child.stdout) < 400 * 2**20, child.stdout   # a bare python with torch: ~ 100-300 MB
     del held
+
+
+def test_a_stall_is_held_up_by_the_rank_that_arrived_last_at_a_collective():
+    """In process (~0 s): the long steps' arrival times (wall clock) of two ranks; rank 1 reached the step's third
+    collective 4 s after rank 0, which waited there: the stall names rank 1; arrivals that part by less than half
+    the stall name nobody by them (the work before the first collective is the fallback)."""
+    from ablate.metrics.steady import held_up_by
+
+    stall = {"step": 22, "seconds": 4.1}
+    per_rank = [{"rank": 0, "host": "a", "long_steps": [(22, [10.0, 10.01, 10.02, 14.05])]},
+                {"rank": 1, "host": "b", "long_steps": [(22, [10.0, 10.01, 14.03, 14.05])]}]
+    (held,) = held_up_by([stall], per_rank)
+    assert held["rank"] == 1 and held["host"] == "b" and held["late_s"] == pytest.approx(4.01)
+    assert all("long_steps" not in r for r in per_rank)   # not kept in summary.json
+    together = [{"rank": r, "long_steps": [(22, [10.0, 14.04])], "slowest_before_comm": []} for r in (0, 1)]
+    assert "rank" not in held_up_by([stall], together)[0]

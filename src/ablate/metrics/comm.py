@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
 import threading
 import time
-from typing import Dict, List, Optional
+from collections import deque
+from typing import Deque, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -89,6 +91,7 @@ class CollectiveCounter:
             depth = getattr(_local, "depth", 0)
             if depth == 0:
                 self.counter.entered()   # when (straggler accounting: the work before a step's first collective)
+                getattr(self.counter, "arrived", lambda: None)()   # and in order, for a long step's arrivals
             _local.depth = depth + 1
             try:
                 result = fn(*args, **kwargs)
@@ -137,6 +140,11 @@ def mean_across_ranks(value, env):
     return value / env.world_size
 
 
+# a step over LONG_STEP x the recent median keeps its collectives' arrival times (LONG_KEPT steps at most): the
+# stall detection (steady.py, x10) compares them across ranks
+LONG_STEP, LONG_KEPT = 5.0, 16
+
+
 class Comm(BuiltIn):
     """The collectives the strategy issued per measured step (bytes, calls, bytes by mesh dim), and the host time
     each step spent before its first one (a rank that is late to it holds the others up: steady.py's stalls)."""
@@ -146,17 +154,34 @@ class Comm(BuiltIn):
         self.counter, self.layout = counter, layout
         self.totals = dict(comm_bytes=0, comm_calls=0, comm_by_dim={})
         self.before_comm: List[tuple] = []   # per measured step: (step, host seconds before its first collective)
-        self._step, self._host_t0 = 0, None
+        # the long steps' collectives' arrival times (wall clock), at most LONG_KEPT: which rank arrived last
+        self.long_steps: List[tuple] = []
+        self._recent: Deque[float] = deque(maxlen=32)
+        self._step, self._host_t0, self._after_long = 0, None, False
 
     def step_begins(self, step: int) -> None:
         self._step = step
         self.counter.first_at = None       # the step's first collective is stamped by the counter
+        if hasattr(self.counter, "arrivals"):
+            self.counter.arrivals = []
         self._host_t0 = time.perf_counter()
 
     def step_ends(self, grad_norm) -> None:
-        if self._host_t0 is not None:
-            self.before_comm.append((self._step, (self.counter.first_at or time.perf_counter()) - self._host_t0))
-            self._host_t0 = None
+        if self._host_t0 is None:
+            return
+        now = time.perf_counter()
+        self.before_comm.append((self._step, (self.counter.first_at or now) - self._host_t0))
+        took, arrivals = now - self._host_t0, getattr(self.counter, "arrivals", None)
+        long = bool(self._recent) and took > LONG_STEP * statistics.median(self._recent)
+        # a stall on some rank: when this one reached each collective, in that step and the next (a rank stopped
+        # after its last collective holds the others up at their next step's first)
+        if arrivals and (long or self._after_long) and len(self.long_steps) < LONG_KEPT:
+            self.long_steps.append((self._step, list(arrivals)))
+        self._after_long = long
+        self._recent.append(took)
+        if hasattr(self.counter, "arrivals"):
+            self.counter.arrivals = None
+        self._host_t0 = None
 
     def mark(self) -> None:
         self._bytes0, self._calls0 = self.counter.bytes, self.counter.calls

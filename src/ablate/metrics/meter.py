@@ -184,6 +184,10 @@ class Meter:
     def slowest_before_comm(self, count: int = 8) -> List[List[float]]:
         return self.comm.slowest_before_comm(count)
 
+    def long_steps(self) -> List[tuple]:
+        """The long steps' collective arrival times on this rank (metrics/comm.py): who held a stall up."""
+        return self.comm.long_steps
+
     def close(self) -> None:
         for call in self.calls["close"]:
             call()

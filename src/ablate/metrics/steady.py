@@ -61,13 +61,20 @@ def straggler(per_rank: List[Dict[str, object]], factor: float) -> Optional[Dict
 
 
 def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]]) -> List[Dict[str, object]]:
-    """Each stall with the rank that held it up, when several ranks ran: the one that took longest to reach the
-    step's first collective (a stopped or descheduled rank keeps the others waiting inside theirs); its `rank`
-    and `host` added (from per_rank's `slowest_before_comm`, each rank's longest waits)."""
+    """Each stall with the rank that held it up, when several ranks ran: the one that arrived last, by a stall's
+    length, at one of the step's collectives (every rank enters them in the same order; wall clocks, so across
+    hosts too: `long_steps`, each rank's long steps' arrival times, dropped from per_rank here), else the one that
+    took longest to reach the step's first collective (`slowest_before_comm`); its `rank` and `host` added."""
+    arrivals = [dict((int(s), a) for s, a in r.pop("long_steps", None) or []) for r in per_rank]
     if len(per_rank) < 2:
         return stalls
     out = []
     for stall in stalls:
+        late = last_to_arrive(stall, arrivals)
+        if late is not None:
+            r = per_rank[late[0]]
+            out.append({**stall, "rank": r["rank"], "host": r.get("host"), "late_s": late[1]})
+            continue
         waits = [(dict((int(s), t) for s, t in r.get("slowest_before_comm") or []).get(stall["step"]), r)
                  for r in per_rank]
         known = [(t, r) for t, r in waits if t is not None]
@@ -76,6 +83,18 @@ def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]
             stall = {**stall, "rank": r["rank"], "host": r.get("host"), "before_comm_s": t}
         out.append(stall)
     return out
+
+
+def last_to_arrive(stall: Dict[str, object], arrivals: List[Dict[int, List[float]]]):
+    """(index in per_rank, seconds late) of the rank that reached one of the stalled step's collectives last, by
+    over half the stall, or None (a rank kept no arrivals of that step, or nobody was that late)."""
+    steps = [a.get(int(stall["step"])) for a in arrivals]
+    if any(not s for s in steps):
+        return None
+    spread, _, at = max((max(s[j] for s in steps) - min(s[j] for s in steps), j, max(range(len(steps)),
+                                                                                       key=lambda r: steps[r][j]))
+                            for j in range(min(len(s) for s in steps)))
+    return (at, spread) if spread > 0.5 * float(stall["seconds"]) else None
 
 
 def describe(stalls: List[Dict[str, float]]) -> str:

@@ -35,10 +35,17 @@ class CommCounter:
     calls: int = 0
     first_at: Optional[float] = None
     by_dim: Dict[str, int] = field(default_factory=dict)
+    # wall-clock entries of this step's collectives, in order, while the meter asks (a list): who arrived last
+    arrivals: Optional[List[float]] = None
 
     def entered(self) -> None:
         if self.first_at is None:
             self.first_at = time.perf_counter()
+
+    def arrived(self) -> None:
+        """A collective entered (its outermost call, before it waits for the peers)."""
+        if self.arrivals is not None:
+            self.arrivals.append(time.time())
 
     def add(self, nbytes: int, calls: int = 1, dim: str = "other") -> None:
         self.entered()

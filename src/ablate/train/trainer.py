@@ -184,7 +184,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              "comm_exposed_s": summary["comm_exposed_s"],
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
-             "slowest_before_comm": meter.slowest_before_comm(),
+             "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
              **meter.host.rank_figures()},
             env)
@@ -198,7 +198,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
-                "stalls": steady.held_up_by(summary["stalls"], per_rank),
+                "stalls": steady.held_up_by(summary["stalls"], per_rank),   # (drops the ranks' long_steps)
                 "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
