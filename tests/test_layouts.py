@@ -222,10 +222,11 @@ def test_a_vocab_parallel_loss_and_bf16_all_gathers_change_the_bytes_not_the_num
 
 @pytest.mark.slow
 def test_selective_and_every_kth_block_checkpointing_sit_between_none_and_full(tmp_path):
-    """model.activation_checkpointing: false | true | 2 (every second block) | selective (per op), on model=tiny
-    (2 layers), four 3-step runs in this process (~6 s): the same loss per step (fp32, 1e-5); planned and measured
-    activations, and the hardware FLOPs (recompute counted), between none's and full's."""
-    args = ["model=tiny", "train.batch_size=4", "train.seq_len=64", "train.steps=3", "train.warmup_steps=1",
+    """model.activation_checkpointing: false | true | 2 (every second block) | selective (per op), on model=small
+    (4 layers: every second block is two of them), four 3-step runs in this process (~10 s): the same loss per step
+    (fp32, 1e-5); planned and measured activations, and the hardware FLOPs (recompute counted), between none's and
+    full's."""
+    args = ["model=small", "train.batch_size=2", "train.seq_len=32", "train.steps=3", "train.warmup_steps=1",
             "train.log_every=1", "metrics.gemm_probe_n=64"]
     runs, planned = {}, {}
     for mode in ("false", "true", "2", "selective"):

@@ -156,18 +156,20 @@ def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
 
 
 def kept_by_blocks(saved: SavedTensors, mode) -> float:
-    """The blocks' activations under model.activation_checkpointing (model/checkpointing.py): each checkpointed
-    block keeps its input, one of them at a time its recompute (the largest); selective keeps, in each block, its
-    input and the outputs of the matmuls and attention it saves (saved.kept_by_block, measured per op), and
-    recomputes one block's rest at a time."""
+    """The blocks' activations at their peak under model.activation_checkpointing (model/checkpointing.py). Each
+    block keeps, from forward to its backward: everything it saves (not checkpointed), its input (checkpointed), or
+    its input and the outputs selective checkpointing saves (saved.kept_by_block, measured per op). Backward runs
+    the blocks last to first, recomputing a checkpointed block while the blocks before it still hold theirs: the
+    peak is the larger of what all keep at the end of forward and, for each checkpointed block, what the blocks
+    before it keep plus its own and its recompute (everything it saves)."""
+    full = saved.by_block
     if not mode:
-        return float(sum(saved.by_block))
-    if mode == "selective":
-        return float(sum(saved.block_inputs) + sum(saved.kept_by_block)
-                     + max((b - k for b, k in zip(saved.by_block, saved.kept_by_block)), default=0))
-    held = [i for i in range(len(saved.by_block)) if checkpointing.checkpointed(i, mode)]
-    whole = sum(b for i, b in enumerate(saved.by_block) if i not in held)
-    return float(whole + sum(saved.block_inputs[i] for i in held) + max((saved.by_block[i] for i in held), default=0))
+        return float(sum(full))
+    held = [checkpointing.checkpointed(i, mode) for i in range(len(full))]
+    extra = saved.kept_by_block if mode == "selective" else [0] * len(full)
+    kept = [saved.block_inputs[i] + extra[i] if held[i] else full[i] for i in range(len(full))]
+    recompute = [sum(kept[:i]) + kept[i] + full[i] for i in range(len(full)) if held[i]]
+    return float(max([sum(kept), *recompute]))
 
 
 def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
