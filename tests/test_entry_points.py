@@ -50,6 +50,7 @@ BAD = [
     ("ablate.check", ["--rtol", "2"], "argument --rtol: 2: out of range"),
     ("ablate.check", ["--config-dir", "/nonexistent"], "argument --config-dir: '/nonexistent': no such folder"),
     ("ablate.check", ["parallel=bogus"], "parallel=bogus: no such choice"),
+    ("ablate.check", ["parallel=ddp", "--steps", "2", "train.seq_len=0"], "train.seq_len=0: out of range"),
     ("ablate.check", ["parallel=fsdp2", "parallel.tp=3", "launcher.nproc_per_node=4"], "parallel.tp=3: does not"),
     ("ablate.baseline", ["save", "/nonexistent", "--name", "a"], "argument dir: '/nonexistent': no such folder"),
     ("ablate.baseline", ["save", ".", "--name", LONG], "a name of 1 to 100 characters"),

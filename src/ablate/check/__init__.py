@@ -70,7 +70,7 @@ def first_difference(layout: List[float], one: List[float], rtol: float) -> Opti
 def train(args: List[str], run_dir: Path, what: str) -> List[float]:
     from ablate.launcher.group import run_ablate
 
-    done, _ = run_ablate(args, run_dir)
+    done, _ = run_ablate(args, run_dir, then=f"what it trained is in {run_dir.parent}; the same command checks anew")
     if done.returncode != 0:
         last = (done.stderr or "").strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         raise ConfigError(f"the {what} run failed ({run_dir}): {last[0][:240]}")

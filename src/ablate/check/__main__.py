@@ -24,7 +24,7 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
                         help="a config dir of your own (model/, optim/, ... files)")
     parser.add_argument("overrides", nargs="*", help="the run's overrides, as for python -m ablate")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)   # options before, between or after the overrides
 
 
 def main(argv: Optional[List[str]] = None) -> None:
