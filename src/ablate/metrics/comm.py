@@ -91,7 +91,7 @@ class CollectiveCounter:
             depth = getattr(_local, "depth", 0)
             if depth == 0:
                 self.counter.entered()   # when (straggler accounting: the work before a step's first collective)
-                getattr(self.counter, "arrived", lambda: None)()   # and in order, for a long step's arrivals
+                self.counter.arrived()   # and in order, for a long step's arrivals
             _local.depth = depth + 1
             try:
                 result = fn(*args, **kwargs)
@@ -162,8 +162,7 @@ class Comm(BuiltIn):
     def step_begins(self, step: int) -> None:
         self._step = step
         self.counter.first_at = None       # the step's first collective is stamped by the counter
-        if hasattr(self.counter, "arrivals"):
-            self.counter.arrivals = []
+        self.counter.arrivals = []
         self._host_t0 = time.perf_counter()
 
     def step_ends(self, grad_norm) -> None:
@@ -171,7 +170,7 @@ class Comm(BuiltIn):
             return
         now = time.perf_counter()
         self.before_comm.append((self._step, (self.counter.first_at or now) - self._host_t0))
-        took, arrivals = now - self._host_t0, getattr(self.counter, "arrivals", None)
+        took, arrivals = now - self._host_t0, self.counter.arrivals
         long = bool(self._recent) and took > LONG_STEP * statistics.median(self._recent)
         # a stall on some rank: when this one reached each collective, in that step and the next (a rank stopped
         # after its last collective holds the others up at their next step's first)
@@ -179,8 +178,7 @@ class Comm(BuiltIn):
             self.long_steps.append((self._step, list(arrivals)))
         self._after_long = long
         self._recent.append(took)
-        if hasattr(self.counter, "arrivals"):
-            self.counter.arrivals = None
+        self.counter.arrivals = None
         self._host_t0 = None
 
     def mark(self) -> None:

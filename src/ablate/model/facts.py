@@ -137,7 +137,7 @@ def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTen
             checkpointing.KeptBySelective(lm.blocks.modules) as kept:
         lm(x, x)
     saved.kept_by_block = kept.by_block
-    return saved, numels, vocab_size_of(lm.net), lm.blocks.record()
+    return saved, numels, vocab, lm.blocks.record()
 
 
 def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
@@ -145,8 +145,8 @@ def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
     and sequence parallelism split every block's activations: Korthikanti et al. 2022, sec. 4.2.2), the rest
     (embedding, final norm; the logits and the loss's tensors split by vocabulary under a vocab-parallel loss, else
     gathered whole on each rank) not; a user's model was measured as one
-    rank already (saved_on_fake's tp). With activation checkpointing the blocks' inputs plus one block's recompute
-    instead of every block's own."""
+    rank already (saved_on_fake's tp). With activation checkpointing, what the blocks keep at their backward peak
+    (kept_by_blocks)."""
     tp = tp if isinstance(cfg.model, ModelConfig) else 1
     blocks = kept_by_blocks(saved, cfg.model.activation_checkpointing)
     outside = saved.bytes - sum(saved.by_block)
@@ -197,13 +197,13 @@ def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
     return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp))
 
 
-def split_flags(model_cfg, tp: int) -> Optional[List[bool]]:
+def split_flags(model_cfg, tp: int, lm=None) -> Optional[List[bool]]:
     """Per parameter (in `numels`' order), whether tensor parallelism at `tp` splits it, from the model's plan
-    held against the model on the meta device (a plan that names what cannot be split is refused here, in one
-    line, before any rank starts). None at tp 1."""
+    held against the model (`lm`, the run's own before it is split; else built on the meta device: a plan that
+    names what cannot be split is refused here, in one line, before any rank starts). None at tp 1."""
     if tp == 1:
         return None
-    lm = build(model_cfg, "meta")
+    lm = lm if lm is not None else build(model_cfg, "meta")
     split = split_params(lm.net, model_cfg, tp)
     return [id(p) in split for p in lm.parameters()]
 

@@ -23,10 +23,9 @@ from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
 from ablate.model import count_params
 from ablate.model.contract import vocab_size_of
-from ablate.model.facts import declared_vocab, flop_model
+from ablate.model.facts import declared_vocab, flop_model, split_flags
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
-from ablate.parallel.tp_plan import split_params
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Diverged, Loop
 
@@ -58,9 +57,8 @@ def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
              "flops": flop_model(cfg.model, cfg.train.seq_len, model.net, model,
                                  precision_group.numerics(cfg.precision.name).compute_dtype)}
     blocks = list(model.blocks.modules)
-    split = split_params(model.net, cfg.model, layout.tp) if layout.tp > 1 else None   # before the split: as planned
     facts["modeled"] = modeled(cfg, layout, [p.numel() for p in model.parameters()], facts["params"],
-                               [id(p) in split for p in model.parameters()] if split is not None else None)
+                               split_flags(cfg.model, layout.tp, model))   # before the split: as planned
     strategy = parallel.build(cfg, model, env.device, layout, mesh)
     return facts, strategy, blocks
 
@@ -151,12 +149,12 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved, blocks)
         loop.saved_step = start_step or None
-        diverged: Optional[RunStopped] = None
+        stopped: Optional[RunStopped] = None
         try:
             loop.run(start_step)
         except (Diverged, CollectorFailed) as e:   # its figures so far are still summarised, then its one line
             meter.close_interval()
-            diverged = e
+            stopped = e
         except checkpoint.Preempted as stop:
             tracker.close(exit_code=0)
             progress.close()
@@ -179,6 +177,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
                    "activation_bytes": loop.activation_bytes}
         collected = loop.collected.totals()
+        stopped = stopped or loop.collected.failure()   # a collector's summary() that raised: said after the summary
         per_rank = comm.all_gather_object(
             {**distributed.place(env), "state_bytes": strategy.measured_state,
              "comm_exposed_s": summary["comm_exposed_s"],
@@ -208,12 +207,10 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "sweep": resolved.get("sweep") or {},
             })
             loop.collected.into_summary(summary, collected)
-            diverged = diverged or loop.collected.failure()   # a collector's summary() that raised: said, after it
-            tracker.finish(summary, exit_code=1 if diverged else 0)
+            tracker.finish(summary, exit_code=1 if stopped else 0)
             print_summary(summary)
-        diverged = diverged or loop.collected.failure()
-        if diverged is not None:
-            raise diverged
+        if stopped is not None:
+            raise stopped
         clean = True
         return summary if env.is_main else None
     except Exception as e:   # its own error, noted before the peers see the connection close (failures.py)
