@@ -50,7 +50,7 @@ def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path, monkeypa
     assert main_in_process(monkeypatch, ["model=8b", f"hydra.run.dir={tmp_path}/run"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("ablate: error: model=8b: needs about")
-    assert "GB model state (ablate.plan)" in line and "train.skip_memory_check=true" in line
+    assert "GB planned peak (ablate.plan, at " in line and "train.skip_memory_check=true" in line
     assert not (tmp_path / "run").exists()
 
 

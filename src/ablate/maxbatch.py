@@ -99,14 +99,32 @@ class Trials:
             command.append("train.skip_memory_check=true")
         return command
 
+    def planned_miss(self, batch: int) -> Optional[str]:
+        """Why the plan already says the batch cannot fit the budget (its planned peak per rank, without the GPU
+        allowance: a lower bound), or None: no trial is run for such a batch."""
+        if self.budget is None:
+            return None
+        from ablate.compose import config_of
+        from ablate.model.facts import measure
+        from ablate.train.memory_guard import need_per_rank
+
+        cfg = config_of(self.overrides_at(batch))[1]
+        need, what = need_per_rank(cfg, measure(cfg), gpu=False)
+        return f"planned, not run: {what} over the {units.fmt('bytes', self.budget)} budget" \
+            if need > self.budget else None
+
     def __call__(self, batch: int) -> bool:
         trial_dir = self.run_dir / "max_batch_trials" / f"batch_{batch:05d}"
         command = self.overrides_at(batch)
         started = time.monotonic()
-        # a stop (Stopped, below) kills the trial's whole group
-        done, found = group.run_ablate(command, trial_dir, keep_stdout=True)
+        miss = self.planned_miss(batch)
+        if miss:
+            judged = {"fits": False, "why": miss}
+        else:   # a stop (Stopped, below) kills the trial's whole group
+            done, found = group.run_ablate(command, trial_dir, keep_stdout=True)
+            judged = self._judge(done, trial_dir, found)
         row = {"trial": len(self.log) + 1, "batch_size": batch, "seconds": round(time.monotonic() - started, 2),
-               **self._judge(done, trial_dir, found)}
+               **judged}
         self.log.append(row)
         peak = f", peak {units.fmt('bytes', row['peak_bytes'])}" if row.get("peak_bytes") else ""
         print(f"trial {row['trial']}: batch {batch}: {'fits' if row['fits'] else 'does not fit'} "

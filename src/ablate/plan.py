@@ -11,6 +11,9 @@ Three accountings, each named:
             and ZeRO-3 keeping parameters smaller than stage3_param_persistence_threshold whole.
 Activations: what the forward keeps for backward at one micro-batch, measured on fake tensors with the run's
 attention and precision, split over tp, with checkpointing's recompute (docs/layouts.md has the model).
+Peak: the most a GPU holds at one moment of the step (peak_memory.py): the state, the activations, and what
+is only there for a while (the loss's gradient, autocast's weight copies, FSDP's unsharded blocks and
+reduce-scatters), plus an allowance for the allocator and what lives outside it; the parts of the moment named.
 `--json`: the same as one JSON object (bytes per GPU).
 GB here = 1e9 bytes, as in the article.
 """
@@ -26,6 +29,7 @@ from ablate.config import AblateConfig
 from ablate.config import arguments as cli
 from ablate.model.facts import measure
 from ablate.parallel.state_bytes import Breakdown
+from ablate.peak_memory import plan_peak
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
 
@@ -48,6 +52,7 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
     world = cfg.launcher.world_size
     nominal = NOMINAL_PARAMS.get(cfg.model.name, n)
     stage = parallel.choice(cfg.parallel.name).shards_like_stage
+    peak = plan_peak(cfg, facts, layout)
     return {"model": cfg.model.name, "params": n, "nominal_params": nominal, "world_size": world,
             "parallel": cfg.parallel.name, "precision": cfg.precision.name, "mesh": layout.record(),
             "article": article(nominal, world), "article_total": 12 * nominal,
@@ -55,7 +60,8 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "ablate": parallel.plan_bytes(numels, cfg, layout, facts.split), "activation_bytes": facts.activation_bytes,
             "activation_source": facts.activation_source,
             "activation_checkpointing": cfg.model.activation_checkpointing,
-            "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens"}
+            "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens",
+            **(peak.record() if peak else {"peak_bytes": None})}
 
 
 def as_json(p: Dict[str, object]) -> str:
@@ -93,15 +99,19 @@ def render(p: Dict[str, object]) -> None:
     for label, b, whole in rows:
         table.add_row(label, gb(b.params), gb(b.grads), gb(b.optimizer), f"[bold]{gb(b.total)}",
                       gb(whole) if whole else "—")
-    Console().print(table)
+    console = Console()
+    console.print(table)
     recompute = ", activation checkpointing: the blocks' inputs + one block's recompute" \
         if p["activation_checkpointing"] else ""
     if p["activation_bytes"] is None:
         print(f"Activations per GPU: {p['activation_source']}")
         return
     print(f"Activations per GPU: {gb(p['activation_bytes'])} for one micro-batch of {p['micro_batch']} (what the "
-          f"forward keeps for backward{recompute}; {p['activation_source']}; docs/layouts.md) on top of the ablate "
-          "row; communication buffers and the allocator's cache come on top of both.")
+          f"forward keeps for backward{recompute}; {p['activation_source']}; docs/layouts.md).")
+    parts = ", ".join(f"{k.replace('_', ' ')} {gb(v)}" for k, v in p["peak_parts"].items())
+    console.print(f"Peak per GPU: [bold]{gb(p['peak_bytes'])}[/bold] = {gb(p['peak_tensor_bytes'])} of tensors at "
+          f"{p['peak_moment']} ({parts}) + {gb(p['peak_allowance'])} allowance (allocator cache, CUDA context, NCCL "
+          "buffers); how: docs/layouts.md, \"The peak\".")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -69,6 +69,8 @@ FIGURES = _declare(
     Figure("stall_s", "time", "s", "lower"),
     Figure("compute_before_comm_s", "time", "s", "lower"),
     Figure("activation_bytes", "bytes", better="lower"),
+    Figure("peak_bytes_measured", "bytes", better="lower", views=("console", "arm")),
+    Figure("peak_bytes_planned", "bytes", better="lower"),
     Figure("hw_flops_per_token", "flops", "FLOP/token"),
 )
 

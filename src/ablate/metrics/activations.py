@@ -6,6 +6,8 @@ bytes read when the forward is over, less the weights: a parameter (or FSDP's un
 wants a gradient) and what a cast or a view of one makes (autocast's low-precision copies of the weights are the
 weights again, not activations). A DTensor counts its local shard. Attributed to a block too (`by_block`), with
 each block's input (`block_inputs`): activation checkpointing keeps those instead of the block's own.
+The low-precision copies of the weights that autocast makes and the matmuls save are not activations, but they are
+held from forward to backward all the same: counted apart (`copies_by_block`, `copies_outside`), for the peak.
 """
 from __future__ import annotations
 
@@ -19,20 +21,29 @@ WEIGHT_VIEWS = ("ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBack
                 "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "_ToCopyBackward0")
 
 
-def is_weight(t: torch.Tensor) -> bool:
+CASTS = ("ToCopyBackward0", "_ToCopyBackward0")
+
+
+def weight_kind(t: torch.Tensor) -> Optional[str]:
+    """"weight" (a parameter or a view of one), "copy" (a cast of one: autocast's, its own memory) or None."""
     if t.is_leaf:
-        return t.requires_grad
-    fn = t.grad_fn
+        return "weight" if t.requires_grad else None
+    fn, kind = t.grad_fn, "weight"
     for _ in range(6):
         if fn is None or type(fn).__name__ not in WEIGHT_VIEWS:
-            return False
+            return None
+        kind = "copy" if type(fn).__name__ in CASTS else kind
         inputs = [f for f, _ in fn.next_functions if f is not None]
         if len(inputs) != 1:
-            return False
+            return None
         fn = inputs[0]
         if type(fn).__name__ == "AccumulateGrad":
-            return True
-    return False
+            return kind
+    return None
+
+
+def is_weight(t: torch.Tensor) -> bool:
+    return weight_kind(t) is not None
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -55,9 +66,16 @@ class SavedTensors:
         self.by_block: List[int] = []
         self.block_inputs: List[int] = []
         self.kept_by_block: List[int] = []   # what selective checkpointing would keep per block (model/facts.py)
+        self._copies: Dict[int, tuple] = {}   # storage key -> (storage, block index or None): autocast's casts
+        self.copies_by_block: List[int] = []
+        self.copies_outside = 0
 
     def _pack(self, t: torch.Tensor):
-        if not is_weight(t):
+        kind = weight_kind(t)
+        if kind == "copy":
+            storage = _local(t).untyped_storage()
+            self._copies.setdefault(storage._cdata, (storage, self._current))
+        if kind is None:
             storage = _local(t).untyped_storage()
             self._seen.setdefault(storage._cdata, (storage, self._current))
             if self.vocab and self._current is None and t.dim() and t.shape[-1] == self.vocab:
@@ -96,8 +114,15 @@ class SavedTensors:
         self.bytes, self.by_block = total, per_block
         self.block_inputs = [self._inputs.get(i, 0) for i in range(len(self.blocks))]
         self.vocab_bytes = sum(storage.nbytes() for storage in self._by_vocab.values())
+        self.copies_by_block = [0] * len(self.blocks)
+        for storage, block in self._copies.values():
+            if block is None:
+                self.copies_outside += storage.nbytes()
+            else:
+                self.copies_by_block[block] += storage.nbytes()
         self._seen.clear()
         self._by_vocab.clear()
+        self._copies.clear()
 
     def checkpointed(self) -> int:
         """The bytes with activation checkpointing of every block: the blocks' inputs instead of their saved

@@ -59,7 +59,8 @@ class Meter:
             c.resume(totals or {})
         self.window.update({k: v for k, v in (totals or {}).items() if k in self.window})
         self.measuring = False
-        self.excluded: Dict[str, list] = {"warmup": [], "profiled": []}   # steps the figures leave out
+        # steps the figures leave out: warm-up, traced by the profiler, memory-tracked (metrics/step_memory.py)
+        self.excluded: Dict[str, list] = {"warmup": [], "profiled": [], "memory_tracked": []}
         self._mark()
 
     def of(self, kind):
@@ -111,19 +112,19 @@ class Meter:
             call()
         self.measuring = True
 
-    def exclude_from(self, step: int) -> None:
-        """A step that is not steady (traced by the profiler) starts: the interval so far is counted, then
-        nothing until `include_again`."""
+    def exclude_from(self, step: int, why: str = "profiled") -> None:
+        """A step that is not steady (traced by the profiler, memory-tracked) starts: the interval so far is
+        counted, then nothing until `include_again`."""
         if step in self.excluded["warmup"]:
             return
-        self.excluded["profiled"].append(step)
+        self.excluded[why].append(step)
         if self.measuring:
             synchronize(self.device)
             self._interval()
             self.measuring = False
 
     def include_again(self) -> None:
-        if self.measuring or not self.excluded["profiled"]:
+        if self.measuring or not (self.excluded["profiled"] or self.excluded["memory_tracked"]):
             return
         synchronize(self.device)
         self._mark()

@@ -34,6 +34,10 @@ class ModelFacts:
     activation_source: str = ""   # how they were measured
     # which of `numels` tensor parallelism splits at the run's tp (parallel/tp_plan.py); None: every one (tp 1)
     split: Optional[List[bool]] = None
+    # for the planned peak (peak_memory.py): what one sequence's forward saved, per block (None: not measured), and
+    # the block each of `numels` belongs to (None: outside the blocks, e.g. the embedding and the head)
+    saved: Optional[SavedTensors] = None
+    param_block: Optional[List[Optional[int]]] = None
 
 
 def tokens_on_meta(batch: int, seq: int) -> torch.Tensor:
@@ -101,12 +105,12 @@ def _plain(cfg):
     return _without_checkpointing(cfg) if cfg.activation_checkpointing else cfg
 
 
-Saved = Tuple[SavedTensors, List[int], Optional[int], Dict[str, object], str]
+Saved = Tuple[SavedTensors, List[int], Optional[int], Dict[str, object], List[Optional[int]], str]
 
 
 def saved_on_fake(cfg: AblateConfig, tp: int = 1) -> Saved:
-    """(what one sequence's forward saves for backward, the parameters' sizes, the vocabulary, the blocks, how it was
-    measured).
+    """(what one sequence's forward saves for backward, the parameters' sizes, the vocabulary, the blocks, each
+    parameter's block, how it was measured).
     On fake CPU tensors (FakeTensorMode: shapes and dtypes, no memory, no FLOPs): the attention kernel torch picks
     for a real tensor is the one measured (SDPA keeps no score matrix), in the run's precision (autocast). A model
     that cannot run on fake tensors is measured on the meta device (SDPA there keeps the seq^2 scores: an upper
@@ -126,9 +130,14 @@ def saved_on_fake(cfg: AblateConfig, tp: int = 1) -> Saved:
         fake_log.setLevel(level)
 
 
-def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTensors, List[int], Optional[int], Dict]:
+def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple:
     lm = build(_plain(cfg.model), device)
     numels = [p.numel() for p in lm.parameters()]   # the whole model's: the state plan splits them itself
+    if cfg.parallel.param_dtype == "bf16":   # FSDP2's mixed precision: the blocks compute on bf16 parameters (the
+        for p in lm.parameters():            # parameters' data swapped: Module.to cannot swap fake tensors)
+            p.data = p.data.to(torch.bfloat16)
+    block_of = {id(p): i for i, block in enumerate(lm.blocks.modules) for p in block.parameters()}
+    param_block = [block_of.get(id(p)) for p in lm.parameters()]
     one_rank_of(lm.net, cfg.model, tp)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
     autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
@@ -137,7 +146,7 @@ def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple[SavedTen
             checkpointing.KeptBySelective(lm.blocks.modules) as kept:
         lm(x, x)
     saved.kept_by_block = kept.by_block
-    return saved, numels, vocab, lm.blocks.record()
+    return saved, numels, vocab, lm.blocks.record(), param_block
 
 
 def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
@@ -172,19 +181,32 @@ def kept_by_blocks(saved: SavedTensors, mode) -> float:
     return float(max([sum(kept), *recompute]))
 
 
+_MEASURED: Dict[str, ModelFacts] = {}
+
+
 def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
+    """measure_facts, once per process for a configuration (the launcher's checks and the run's plan ask alike)."""
+    key = repr((cfg.model, cfg.train.seq_len, cfg.train.batch_size, cfg.precision.name, tp or cfg.parallel.tp,
+                cfg.parallel.vocab_parallel, cfg.parallel.param_dtype))
+    if key not in _MEASURED:
+        _MEASURED[key] = measure_facts(cfg, tp)
+    return _MEASURED[key]
+
+
+def measure_facts(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
     """The facts of cfg.model at cfg.train's micro-batch: one rank's share at tensor-parallel degree `tp` (default
     the run's, parallel.tp). A model whose forward runs on neither fake nor meta tensors (a mixture of experts'
     grouped matmul) is not refused for it: its activations are not measured (None, `activation_source` says why)."""
     try:
         tp = tp or cfg.parallel.tp
-        saved, numels, vocab, blocks, source = saved_on_fake(cfg, tp)
+        saved, numels, vocab, blocks, param_block, source = saved_on_fake(cfg, tp)
         activations = activation_bytes(saved, cfg, tp)
     except ModelContractError:
         raise
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
         lm = build(cfg.model, "meta")
         numels, vocab, activations = [p.numel() for p in lm.parameters()], vocab_size_of(lm.net), None
+        saved = param_block = None
         blocks = lm.blocks.record()
         source = (f"not measured: its forward runs on neither fake nor meta tensors ({type(e).__name__}: "
                   f"{str(e).splitlines()[0][:160]})")
@@ -194,7 +216,8 @@ def measure(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
                                  "the module a `vocab_size` attribute or the model file a `vocab_size:` key")
     if activations is not None and cfg.model.activation_checkpointing:   # measured without it: the blocks as the
         blocks = build(cfg.model, "meta").blocks.record()                # run wraps them
-    return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp))
+    return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp),
+                      saved, param_block)
 
 
 def split_flags(model_cfg, tp: int, lm=None) -> Optional[List[bool]]:

@@ -17,6 +17,7 @@ from ablate.config import RunStopped
 from ablate.metrics.activations import SavedTensors
 from ablate.metrics.collectors import Collected, StepEvent
 from ablate.metrics.profile import StepProfiler
+from ablate.metrics.step_memory import NOT_TRACKED, StepMemory, tracked_step
 from ablate.model import checkpointing
 from ablate.train import checkpoint, hooks, signals
 
@@ -44,6 +45,7 @@ class Loop:
         self.lr = cfg.optim.lr
         self.blocks = blocks or []
         self.activation_bytes: Optional[int] = None
+        self.step_memory: Optional[StepMemory] = None   # one step's peak (metrics/step_memory.py)
         self.collected = Collected(cfg.metrics.collectors)   # the user's own figures (metrics.collectors)
         self.last_loss = None
 
@@ -51,6 +53,8 @@ class Loop:
         t, strategy = self.cfg.train, self.strategy
         for micro in range(t.grad_accum):
             x, y = next(self.feeder)
+            if self.step_memory is not None:
+                self.step_memory.micro_step()
             self.meter.clock.begin()
             # the run's first micro-step counts what autograd saves for backward (summary.json's activation_bytes)
             first = self.activation_bytes is None
@@ -86,25 +90,30 @@ class Loop:
         first_measured = min(start_step + t.warmup_steps + 1, t.steps)
         self.meter.excluded["warmup"] = list(range(start_step + 1, first_measured))
         traced = set(self.profiler.traced_steps(start_step + 1))
+        tracked = tracked_step(start_step, first_measured, t.steps)
         for step in range(start_step + 1, t.steps + 1):
             if step == first_measured:
                 self.meter.start_measuring()
             if step in traced:
                 self.meter.exclude_from(step)
+            if step == tracked and step >= first_measured:
+                self.meter.exclude_from(step, "memory_tracked")
             self.meter.step_begins(step)
             for hook in self.hooks:
                 hook(self.env.rank, step)
             self.lr = optim.lr_at(step, self.cfg.optim, t.steps)
             optim.set_lr(self.strategy.optimizer_param_groups, self.lr)
-            self.micro_steps()
-            self.meter.clock.begin()
-            grad_norm = self.strategy.step(measure_state=step == t.steps)
-            self.meter.clock.end("optimizer")
+            with self.tracking_memory(step == tracked):
+                self.micro_steps()
+                self.meter.clock.begin()
+                grad_norm = self.strategy.step(measure_state=step == t.steps)
+                self.meter.clock.end("optimizer")
             self.meter.on_step(grad_norm)
             self.collect(step)
             self.confirm_saved(step)
             self.profiler.step()
-            if step in traced and step + 1 not in traced:   # the trace is written: steady steps again
+            if (step in traced and step + 1 not in traced) or (step == tracked and step >= first_measured):
+                # steady steps again
                 self.meter.include_again()
             row = None
             if step % t.log_every == 0 or step == t.steps:
@@ -117,6 +126,19 @@ class Loop:
                 self.check_ended_finite(step, row)
             self.progress.advance(step, row)
             self.between_steps(step)
+
+    def memory_record(self) -> Dict[str, object]:
+        """summary.json's measured peak (metrics/step_memory.py), with why where no step was tracked."""
+        if self.step_memory is None:
+            self.meter.notes["peak_bytes_measured"] = NOT_TRACKED
+            return StepMemory.absent()
+        return self.step_memory.record()
+
+    def tracking_memory(self, tracked: bool):
+        if not tracked:
+            return nullcontext()
+        self.step_memory = StepMemory(self.env.device, self.strategy.model, getattr(self.strategy, "optimizer", None))
+        return self.step_memory
 
     def collect(self, step: int) -> None:
         if self.collected.collectors:

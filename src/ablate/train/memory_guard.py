@@ -1,7 +1,7 @@
-"""A run that cannot fit in memory, refused in one line before any rank allocates: the planner's per-rank
-state plus the activations its forward keeps (both measured on fake tensors: model/facts.py),
-times the ranks on this machine, against what this process can have
-(available memory and the cgroup limit; a GPU's memory from NVML, without starting CUDA).
+"""A run that cannot fit in memory, refused in one line before any rank allocates: the planned peak per rank
+(peak_memory.py: the state, the activations and what is held only for a while, measured on fake tensors; the
+state alone for a model whose forward fake tensors cannot run), times the ranks on this machine, against what
+this process can have (available memory and the cgroup limit; a GPU's memory from NVML, without starting CUDA).
 `train.skip_memory_check=true` overrides.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Optional
 from ablate import nvml, parallel
 from ablate.config import AblateConfig, ConfigError
 from ablate.model.facts import ModelFacts, measure
+from ablate.peak_memory import plan_peak
 from ablate.units import fmt
 
 RUNTIME_BYTES = 600e6   # python + torch + the data loader per process, measured here: ~350 MB peak RSS tiny
@@ -45,14 +46,22 @@ def gpu_bytes() -> Optional[float]:
         return None
 
 
+def need_per_rank(cfg: AblateConfig, facts: ModelFacts, gpu: bool):
+    """(bytes one rank needs, what they are, in words): the planned peak (with the GPU allowance on a GPU), or
+    the state and the activations where the activations could not be measured."""
+    peak = plan_peak(cfg, facts, gpu=gpu)
+    if peak is not None:
+        return peak.bytes, f"{fmt('bytes', peak.bytes)} planned peak (ablate.plan, at {peak.moment})"
+    state = parallel.plan_bytes(facts.numels, cfg, split=facts.split).total
+    return state, f"{fmt('bytes', state)} model state (ablate.plan; activations not measurable)"
+
+
 def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts] = None) -> None:
     """`facts`: the model measured on fake tensors (model/facts.py), measured here when not given."""
     if cfg.train.skip_memory_check:
         return
     facts = facts or measure(cfg)
-    state = parallel.plan_bytes(facts.numels, cfg, split=facts.split).total
-    activations = facts.activation_bytes or 0.0   # None: not measurable for this model; the state alone
-    per_rank = state + activations
+    per_rank, what = need_per_rank(cfg, facts, device_type == "cuda")
     if device_type == "cuda":
         have, where, need = gpu_bytes(), "this GPU has", per_rank
     else:
@@ -61,8 +70,7 @@ def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts
     if have is None or need <= have:
         return
     raise ConfigError(
-        f"model={cfg.model.name}: needs about {fmt('bytes', need)} ({cfg.launcher.nproc_per_node} rank(s) x "
-        f"{fmt('bytes', state)} model state (ablate.plan) + {fmt('bytes', activations)} activations"
+        f"model={cfg.model.name}: needs about {fmt('bytes', need)} ({cfg.launcher.nproc_per_node} rank(s) x {what}"
         f"{' + runtime' if device_type != 'cuda' else ''}), {where} {fmt('bytes', have)}; what would fit: a smaller "
         "model, parallel=zero3 or fsdp2 over more ranks, activation checkpointing or a smaller batch "
         "(or train.skip_memory_check=true)")

@@ -23,9 +23,10 @@ from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
 from ablate.model import count_params
 from ablate.model.contract import vocab_size_of
-from ablate.model.facts import declared_vocab, flop_model, split_flags
+from ablate.model.facts import declared_vocab, flop_model, measure, split_flags
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
+from ablate.peak_memory import plan_peak
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Diverged, Loop
 
@@ -59,6 +60,8 @@ def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
     blocks = list(model.blocks.modules)
     facts["modeled"] = modeled(cfg, layout, [p.numel() for p in model.parameters()], facts["params"],
                                split_flags(cfg.model, layout.tp, model))   # before the split: as planned
+    if env.is_main:   # the planned peak (fake tensors: once per process, the launcher's checks measured it)
+        facts["modeled"]["peak_bytes_measured"] = planned_peak(cfg, layout)
     strategy = parallel.build(cfg, model, env.device, layout, mesh)
     return facts, strategy, blocks
 
@@ -68,6 +71,23 @@ def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int, split=None
     mesh dim) predict for this run's figures, keyed as the report reads them (a sweep's "expected here")."""
     comm = {f"comm_bytes_by_dim.{d}": v for d, v in expected_comm(cfg, layout, n_params).items()}
     return {"state_bytes_total": parallel.plan_bytes(numels, cfg, layout, split).total, **comm}
+
+
+def planned_peak(cfg: AblateConfig, layout: Layout) -> Optional[float]:
+    """The plan's peak tensor bytes per rank (peak_memory.py), as a run's step tracker measures them; None for a
+    model whose activations cannot be measured on fake tensors."""
+    try:
+        plan = plan_peak(cfg, measure(cfg), layout, gpu=False)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):   # a probe never stops a run that can train
+        return None
+    return plan.tensors if plan else None
+
+
+def peak_figures(per_rank, planned: Optional[float]) -> Dict[str, object]:
+    """summary.json's peak: the most loaded rank's measured (metrics/step_memory.py), the plan's, their ratio."""
+    measured = max((r["peak_bytes_measured"] for r in per_rank if r.get("peak_bytes_measured")), default=None)
+    return {"peak_bytes_measured": measured, "peak_bytes_planned": planned,
+            "peak_ratio": measured / planned if measured and planned else None}
 
 
 def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
@@ -175,7 +195,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             loop.profiler.close()
             loop.preemption.restore()
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
-                   "activation_bytes": loop.activation_bytes}
+                   "activation_bytes": loop.activation_bytes, **loop.memory_record()}
         collected = loop.collected.totals()
         stopped = stopped or loop.collected.failure()   # a collector's summary() that raised: said after the summary
         per_rank = comm.all_gather_object(
@@ -185,6 +205,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
              "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
+             "peak_bytes_measured": summary["peak_bytes_measured"],
              **meter.host.rank_figures()},
             env)
         strategy.close()
@@ -196,6 +217,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 **facts, "numerics": strategy.numerics, "mesh": layout.record(), "optimizer": strategy.optimizer_record,
                 "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
                 "slurm": ranks.slurm_job(),
+                **peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
                 "stalls": steady.held_up_by(summary["stalls"], per_rank),   # (drops the ranks' long_steps)
                 "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),

@@ -82,25 +82,21 @@ class Trial:
 
 
 def prune_reason(overrides: List[str], budget_bytes: Optional[float]) -> Optional[str]:
-    """Why this configuration cannot fit the budget (the planner's state + the measured activations, per
-    rank), or None: composed as its run would be, nothing started."""
-    from ablate import parallel
+    """Why this configuration cannot fit the budget (the planned peak per rank, ablate.plan's, without the GPU
+    allowance), or None: composed as its run would be, nothing started."""
     from ablate.compose import config_of
     from ablate.model.facts import measure
+    from ablate.train.memory_guard import need_per_rank
     from ablate.units import fmt
 
     cfg = config_of(overrides)[1]   # a configuration that cannot be composed is a bad space: said in one line
     if budget_bytes is None:
         return None
-    facts = measure(cfg)
-    state = parallel.plan_bytes(facts.numels, cfg, split=facts.split).total
-    # a lower bound (no allocator cache, buffers or runtime): pruned only what cannot fit; a trial over the
-    # budget that ran anyway is judged by what it measured
-    activations = facts.activation_bytes or 0.0   # None: not measurable for this model; the state alone
-    need = state + activations
+    # without the allowance, a lower bound: pruned only what cannot fit; a trial over the budget that ran anyway
+    # is judged by what it measured
+    need, what = need_per_rank(cfg, measure(cfg), gpu=False)
     if need > budget_bytes:
-        return (f"needs at least {fmt('bytes', need)} per rank (model state {fmt('bytes', state)} + activations "
-                f"{fmt('bytes', activations)}), over the {fmt('bytes', budget_bytes)} budget")
+        return f"needs at least {what} per rank, over the {fmt('bytes', budget_bytes)} budget"
     return None
 
 
