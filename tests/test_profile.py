@@ -47,8 +47,9 @@ def test_no_sync_exposes_less_communication_than_syncing_every_micro_step(tmp_pa
         assert sorted(p.name for p in (tmp_path / name / "traces").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
         assert s["comm_exposed_s"] is not None and 0 <= s["comm_overlap_frac"] <= 1
         assert [st["step"] for st in s["profile"]["steps"]] == [3, 4]       # the training steps asked for
-        # speed figures leave out the warm-up and the traced steps, and say so
-        assert s["excluded_steps"] == {"warmup": [1], "profiled": [3, 4]} and s["measured_steps"] == 2
+        # speed figures leave out the warm-up, the memory-tracked and the traced steps, and say so
+        assert s["excluded_steps"] == {"warmup": [1], "profiled": [3, 4], "memory_tracked": [2]}
+        assert s["measured_steps"] == 1
         logged = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "comm_exposed_s" in r]
         assert len(logged) == 1                                           # the figures joined one log row
     # measured here with WIDE: 0.45-0.51 s vs 0.026-0.037 s per step for the last-arriving rank; eight
@@ -73,4 +74,6 @@ def test_profiling_is_off_by_default_and_says_so(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["comm_exposed_s"] is None and "metrics.profile_steps" in summary["notes"]["comm_exposed_s"]
     assert not (tmp_path / "traces").exists()
-    assert summary["excluded_steps"] == {"warmup": [1], "profiled": []} and summary["measured_steps"] == 2
+    # one warm-up step: the second is the memory-tracked one (metrics/step_memory.py), left out too
+    assert summary["excluded_steps"] == {"warmup": [1], "profiled": [], "memory_tracked": [2]}
+    assert summary["measured_steps"] == 1

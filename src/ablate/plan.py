@@ -11,7 +11,7 @@ Three accountings, each named:
             and ZeRO-3 keeping parameters smaller than stage3_param_persistence_threshold whole.
 Activations: what the forward keeps for backward at one micro-batch, measured on fake tensors with the run's
 attention and precision, split over tp, with checkpointing's recompute (docs/layouts.md has the model).
-Peak: the most a GPU holds at one moment of the step (peak_memory.py): the state, the activations, and what
+Peak: the most a GPU holds at one moment of the step (model/peak.py): the state, the activations, and what
 is only there for a while (the loss's gradient, autocast's weight copies, FSDP's unsharded blocks and
 reduce-scatters), plus an allowance for the allocator and what lives outside it; the parts of the moment named.
 `--json`: the same as one JSON object (bytes per GPU).
@@ -28,8 +28,8 @@ from ablate import parallel, units
 from ablate.config import AblateConfig
 from ablate.config import arguments as cli
 from ablate.model.facts import measure
+from ablate.model.peak import plan_peak
 from ablate.parallel.state_bytes import Breakdown
-from ablate.peak_memory import plan_peak
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
 
@@ -140,6 +140,7 @@ def main(argv: List[str] = None) -> None:
         print(as_json(p)) if args.json else render(p)
     except ConfigError as e:
         sys.exit(exit_code_of(e))
+
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ class ModelFacts:
     activation_source: str = ""   # how they were measured
     # which of `numels` tensor parallelism splits at the run's tp (parallel/tp_plan.py); None: every one (tp 1)
     split: Optional[List[bool]] = None
-    # for the planned peak (peak_memory.py): what one sequence's forward saved, per block (None: not measured), and
+    # for the planned peak (model/peak.py): what one sequence's forward saved, per block (None: not measured), and
     # the block each of `numels` belongs to (None: outside the blocks, e.g. the embedding and the head)
     saved: Optional[SavedTensors] = None
     param_block: Optional[List[Optional[int]]] = None

@@ -1,5 +1,5 @@
 """A run that cannot fit in memory, refused in one line before any rank allocates: the planned peak per rank
-(peak_memory.py: the state, the activations and what is held only for a while, measured on fake tensors; the
+(model/peak.py: the state, the activations and what is held only for a while, measured on fake tensors; the
 state alone for a model whose forward fake tensors cannot run), times the ranks on this machine, against what
 this process can have (available memory and the cgroup limit; a GPU's memory from NVML, without starting CUDA).
 `train.skip_memory_check=true` overrides.
@@ -12,7 +12,7 @@ from typing import Optional
 from ablate import nvml, parallel
 from ablate.config import AblateConfig, ConfigError
 from ablate.model.facts import ModelFacts, measure
-from ablate.peak_memory import plan_peak
+from ablate.model.peak import plan_peak
 from ablate.units import fmt
 
 RUNTIME_BYTES = 600e6   # python + torch + the data loader per process, measured here: ~350 MB peak RSS tiny

@@ -24,9 +24,9 @@ from ablate.model import build as build_model
 from ablate.model import count_params
 from ablate.model.contract import vocab_size_of
 from ablate.model.facts import declared_vocab, flop_model, measure, split_flags
+from ablate.model.peak import plan_peak
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
-from ablate.peak_memory import plan_peak
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Diverged, Loop
 
@@ -74,7 +74,7 @@ def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int, split=None
 
 
 def planned_peak(cfg: AblateConfig, layout: Layout) -> Optional[float]:
-    """The plan's peak tensor bytes per rank (peak_memory.py), as a run's step tracker measures them; None for a
+    """The plan's peak tensor bytes per rank (model/peak.py), as a run's step tracker measures them; None for a
     model whose activations cannot be measured on fake tensors."""
     try:
         plan = plan_peak(cfg, measure(cfg), layout, gpu=False)
