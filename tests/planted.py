@@ -47,13 +47,18 @@ def kill_at(rank: int, step: int) -> None:
 
 
 def stop_at(rank: int, step: int) -> None:
-    """PLANTED_STOP=RANK:STEP:SECONDS: that rank is stopped (SIGSTOP, as a debugger or the OS would) at that step
-    for that long; a helper process continues it (SIGCONT)."""
+    """PLANTED_STOP=RANK:STEP:SECONDS[:AFTER]: that rank is stopped (SIGSTOP, as a debugger or the OS would) at that
+    step for that long, AFTER seconds into the step (wherever it then is: computing, or inside a collective) or at
+    its start; a helper process stops it and continues it (SIGCONT)."""
     import signal
     import subprocess
 
-    want_rank, want_step, seconds = os.environ["PLANTED_STOP"].split(":")
+    want_rank, want_step, seconds, *after = os.environ["PLANTED_STOP"].split(":")
     if (rank, step) == (int(want_rank), int(want_step)):
+        if after:
+            subprocess.Popen(["sh", "-c", f"sleep {after[0]}; kill -STOP {os.getpid()}; sleep {seconds}; "
+                                          f"kill -CONT {os.getpid()}"])
+            return
         subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
         os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -230,3 +230,22 @@ def test_a_stall_is_held_up_by_the_rank_that_arrived_last_at_a_collective():
     assert all("long_steps" not in r for r in per_rank)   # not kept in summary.json
     together = [{"rank": r, "long_steps": [(22, [10.0, 14.04])], "slowest_before_comm": []} for r in (0, 1)]
     assert "rank" not in held_up_by([stall], together)[0]
+
+
+def test_a_stall_the_others_waited_in_is_held_up_by_the_rank_that_did_not_wait():
+    """In process (~0 s): rank 1 entered every collective on time, then stopped inside one: arrivals cannot tell,
+    but rank 0 spent the stall blocked (a Work.wait) and rank 1 did not: rank 1. A rank stopped at a log point
+    holds the others up in ablate's own collectives, outside any step: a stall between steps, named alike, unless
+    that step checkpointed (expected work)."""
+    from ablate.metrics.steady import held_up_by
+
+    stall = {"step": 22, "seconds": 4.1, "x_median": 41.0}
+    per_rank = [{"rank": 0, "long_steps": [(22, [10.0, 10.01], 4.05)]},
+                {"rank": 1, "long_steps": [(22, [10.0, 10.01], 0.02)]}]
+    (held,) = held_up_by([stall], per_rank)
+    assert held["rank"] == 1 and held["others_blocked_s"] == 4.05
+    gaps = [{"rank": 0, "long_gaps": [(30, 4.02, 4.01)]}, {"rank": 1, "long_gaps": [(30, 4.02, 0.001)]}]
+    (between,) = held_up_by([], [dict(r) for r in gaps], median=0.1)
+    assert between == {"step": 30, "seconds": 4.02, "x_median": pytest.approx(40.2), "between_steps": True,
+                       "rank": 1, "host": None, "others_blocked_s": 4.01}
+    assert held_up_by([], [dict(r) for r in gaps], median=0.1, checkpoint_steps=[30]) == []

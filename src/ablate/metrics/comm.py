@@ -53,10 +53,17 @@ def payload_bytes(args, kwargs, result=None) -> int:
 def paused():
     previous = getattr(_local, "depth", 0)
     _local.depth = previous + 1     # looks like an outer call: nothing inside counts
+    started = time.perf_counter()
     try:
         yield
     finally:
         _local.depth = previous
+        if previous == 0:   # the time ablate's own collectives took (between steps: who waited on whom)
+            _local.paused_s = paused_seconds() + time.perf_counter() - started
+
+
+def paused_seconds() -> float:
+    return getattr(_local, "paused_s", 0.0)
 
 
 def group_name_of(args, kwargs) -> Optional[str]:
@@ -93,16 +100,33 @@ class CollectiveCounter:
                 self.counter.entered()   # when (straggler accounting: the work before a step's first collective)
                 self.counter.arrived()   # and in order, for a long step's arrivals
             _local.depth = depth + 1
+            started = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
             finally:
                 _local.depth = depth
+                if depth == 0:
+                    self.counter.waited(time.perf_counter() - started)
             if depth == 0:
                 self.counter.add(payload_bytes(args, kwargs, result if isinstance(result, torch.Tensor) else None),
                                  dim=self.dim_of(args, kwargs))
             return result
         counted.__ablate_counted__ = True
         return counted
+
+    def _timed_wait(self, wait):
+        """Work.wait() (FSDP2's and DeepSpeed's asynchronous collectives are waited on so): its time, blocked."""
+        @functools.wraps(wait)
+        def timed(work, *args, **kwargs):
+            if getattr(_local, "depth", 0):
+                return wait(work, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return wait(work, *args, **kwargs)
+            finally:
+                self.counter.waited(time.perf_counter() - started)
+        timed.__ablate_counted__ = True
+        return timed
 
     def install(self) -> "CollectiveCounter":
         for module, names in ((dist, COLLECTIVES), (funcol, FUNCTIONAL)):
@@ -111,6 +135,9 @@ class CollectiveCounter:
                 if fn is not None and not getattr(fn, "__ablate_counted__", False):
                     self.originals.append((module, name, fn))
                     setattr(module, name, self._wrap(fn))
+        if not getattr(dist.Work.wait, "__ablate_counted__", False):
+            self.originals.append((dist.Work, "wait", dist.Work.wait))
+            dist.Work.wait = self._timed_wait(dist.Work.wait)
         return self
 
     def uninstall(self) -> None:
@@ -154,15 +181,24 @@ class Comm(BuiltIn):
         self.counter, self.layout = counter, layout
         self.totals = dict(comm_bytes=0, comm_calls=0, comm_by_dim={})
         self.before_comm: List[tuple] = []   # per measured step: (step, host seconds before its first collective)
-        # the long steps' collectives' arrival times (wall clock), at most LONG_KEPT: which rank arrived last
+        # the long steps' collectives' arrival times (wall clock) and seconds blocked in them, at most LONG_KEPT:
+        # which rank arrived last, which one the others waited on
         self.long_steps: List[tuple] = []
+        # long gaps between steps (log points, checkpoints: ablate's own collectives), (step before, seconds,
+        # seconds in ablate's own collectives), at most LONG_KEPT: a rank stopped there holds the others up there
+        self.long_gaps: List[tuple] = []
         self._recent: Deque[float] = deque(maxlen=32)
         self._step, self._host_t0, self._after_long = 0, None, False
+        self._ended: Optional[tuple] = None   # (perf_counter, paused seconds) when the last step ended
 
     def step_begins(self, step: int) -> None:
+        if self._ended is not None and self._recent and len(self.long_gaps) < LONG_KEPT:
+            gap = time.perf_counter() - self._ended[0]
+            if gap > LONG_STEP * statistics.median(self._recent):
+                self.long_gaps.append((self._step, gap, paused_seconds() - self._ended[1]))
         self._step = step
         self.counter.first_at = None       # the step's first collective is stamped by the counter
-        self.counter.arrivals = []
+        self.counter.arrivals, self.counter.blocked = [], 0.0
         self._host_t0 = time.perf_counter()
 
     def step_ends(self, grad_norm) -> None:
@@ -175,11 +211,12 @@ class Comm(BuiltIn):
         # a stall on some rank: when this one reached each collective, in that step and the next (a rank stopped
         # after its last collective holds the others up at their next step's first)
         if arrivals and (long or self._after_long) and len(self.long_steps) < LONG_KEPT:
-            self.long_steps.append((self._step, list(arrivals)))
+            self.long_steps.append((self._step, list(arrivals), self.counter.blocked))
         self._after_long = long
         self._recent.append(took)
-        self.counter.arrivals = None
+        self.counter.arrivals = self.counter.blocked = None
         self._host_t0 = None
+        self._ended = (time.perf_counter(), paused_seconds())
 
     def mark(self) -> None:
         self._bytes0, self._calls0 = self.counter.bytes, self.counter.calls

@@ -185,6 +185,9 @@ class Meter:
     def slowest_before_comm(self, count: int = 8) -> List[List[float]]:
         return self.comm.slowest_before_comm(count)
 
+    def long_gaps(self) -> List[tuple]:
+        return self.comm.long_gaps
+
     def long_steps(self) -> List[tuple]:
         """The long steps' collective arrival times on this rank (metrics/comm.py): who held a stall up."""
         return self.comm.long_steps

@@ -8,8 +8,8 @@ to summary.json:
 - `step_time_mean_s`, `tokens_per_s_wall`: wall time over the measured steps (stalls, log steps and
   checkpoints included);
 - `stalls`: every step over STALL_FACTOR x the median, as {step, seconds, x_median}, with several ranks the
-  `rank` (and `host`) that held it up: the last to reach the step's first collective; `stall_s`: the time they
-  took beyond the median;
+  `rank` (and `host`) that held it up (held_up_by), and the gaps between steps the others spent waiting on one
+  rank (`between_steps`); `stall_s`: the time the steps took beyond the median;
 - `compute_before_comm_s`: the median host time from a step's start to its first collective (data and
   compute before the rank joins the others; DDP's all-reduce evens out step times, this does not). On
   CUDA it is the host's (launch) side; without collectives in a step, the step's time;
@@ -60,12 +60,18 @@ def straggler(per_rank: List[Dict[str, object]], factor: float) -> Optional[Dict
             "seconds": slowest[key], "others_s": others, "by": key}
 
 
-def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]]) -> List[Dict[str, object]]:
+def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]], median: Optional[float] = None,
+               checkpoint_steps=()) -> List[Dict[str, object]]:
     """Each stall with the rank that held it up, when several ranks ran: the one that arrived last, by a stall's
     length, at one of the step's collectives (every rank enters them in the same order; wall clocks, so across
-    hosts too: `long_steps`, each rank's long steps' arrival times, dropped from per_rank here), else the one that
-    took longest to reach the step's first collective (`slowest_before_comm`); its `rank` and `host` added."""
-    arrivals = [dict((int(s), a) for s, a in r.pop("long_steps", None) or []) for r in per_rank]
+    hosts too: `long_steps`, each rank's long steps' arrival times and seconds blocked in collectives, dropped from
+    per_rank here), else the one the others were blocked on (waited_on), else the one that took longest to reach
+    the step's first collective (`slowest_before_comm`); its `rank` and `host` added. Then the stalls between
+    steps (between_steps), after the steps'."""
+    kept = [r.pop("long_steps", None) or [] for r in per_rank]
+    gaps = between_steps([r.pop("long_gaps", None) or [] for r in per_rank], per_rank, median, checkpoint_steps)
+    arrivals = [{int(s[0]): s[1] for s in steps} for steps in kept]
+    blocked = [{int(s[0]): s[2] for s in steps if len(s) > 2 and s[2] is not None} for steps in kept]
     if len(per_rank) < 2:
         return stalls
     out = []
@@ -75,6 +81,11 @@ def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]
             r = per_rank[late[0]]
             out.append({**stall, "rank": r["rank"], "host": r.get("host"), "late_s": late[1]})
             continue
+        least = waited_on(stall, blocked)
+        if least is not None:
+            r = per_rank[least[0]]
+            out.append({**stall, "rank": r["rank"], "host": r.get("host"), "others_blocked_s": least[1]})
+            continue
         waits = [(dict((int(s), t) for s, t in r.get("slowest_before_comm") or []).get(stall["step"]), r)
                  for r in per_rank]
         known = [(t, r) for t, r in waits if t is not None]
@@ -82,7 +93,7 @@ def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]
             t, r = max(known, key=lambda w: w[0])
             stall = {**stall, "rank": r["rank"], "host": r.get("host"), "before_comm_s": t}
         out.append(stall)
-    return out
+    return out + gaps
 
 
 def last_to_arrive(stall: Dict[str, object], arrivals: List[Dict[int, List[float]]]):
@@ -95,6 +106,52 @@ def last_to_arrive(stall: Dict[str, object], arrivals: List[Dict[int, List[float
                                                                                        key=lambda r: steps[r][j]))
                             for j in range(min(len(s) for s in steps)))
     return (at, spread) if spread > 0.5 * float(stall["seconds"]) else None
+
+
+def waited_on(stall: Dict[str, object], blocked: List[Dict[int, float]]):
+    """(index in per_rank, seconds the others were blocked) of the rank the others waited on in the stalled step or
+    the next (a rank stopped after it entered a collective arrives on time: the others then wait in it, and it
+    does not), when each other rank was blocked over half the stall longer than it; else None."""
+    for step in (int(stall["step"]), int(stall["step"]) + 1):
+        times = [b.get(step) for b in blocked]
+        if any(t is None for t in times):
+            continue
+        least = min(range(len(times)), key=lambda r: times[r])
+        others = min(t for r, t in enumerate(times) if r != least)
+        if others - times[least] > 0.5 * float(stall["seconds"]):
+            return least, others
+    return None
+
+
+def checkpointed(every: int, steps: int) -> List[int]:
+    """The steps a run checkpoints after (train.checkpoint_every, and the last): their gaps are expected work."""
+    return [s for s in range(1, steps + 1) if every and (s % every == 0 or s == steps)]
+
+
+def between_steps(gaps: List[List[tuple]], per_rank: List[Dict[str, object]], median: Optional[float],
+                  checkpoint_steps=()) -> List[Dict[str, object]]:
+    """Stalls outside any step: a rank stopped at a log point holds the others up in ablate's own collectives
+    there, which no step's time includes. Each gap over STALL_FACTOR x the median step after a step that did not
+    checkpoint, where the others spent over half of it in those collectives and one rank did not: that rank, as
+    {step (the one before), seconds, x_median, between_steps: true, rank, host, others_blocked_s}."""
+    if not median or len(per_rank) < 2:
+        return []
+    by_step: Dict[int, List[Optional[tuple]]] = {}
+    for r, kept in enumerate(gaps):
+        for step, seconds, blocked in kept:
+            by_step.setdefault(int(step), [None] * len(per_rank))[r] = (seconds, blocked)
+    out = []
+    for step, per in sorted(by_step.items()):
+        longest = max(p[0] for p in per if p)
+        if step in checkpoint_steps or longest <= STALL_FACTOR * median or any(p is None for p in per):
+            continue
+        least = min(range(len(per)), key=lambda r: per[r][1])
+        others = min(p[1] for r, p in enumerate(per) if r != least)
+        if others - per[least][1] > 0.5 * longest:
+            r = per_rank[least]
+            out.append({"step": step, "seconds": longest, "x_median": longest / median, "between_steps": True,
+                        "rank": r["rank"], "host": r.get("host"), "others_blocked_s": others})
+    return out
 
 
 def describe(stalls: List[Dict[str, float]]) -> str:

@@ -37,6 +37,9 @@ class CommCounter:
     by_dim: Dict[str, int] = field(default_factory=dict)
     # wall-clock entries of this step's collectives, in order, while the meter asks (a list): who arrived last
     arrivals: Optional[List[float]] = None
+    # seconds this step spent blocked in collectives (a synchronous call, a Work.wait()), while the meter asks: the
+    # rank the others waited on is the one blocked least
+    blocked: Optional[float] = None
 
     def entered(self) -> None:
         if self.first_at is None:
@@ -46,6 +49,10 @@ class CommCounter:
         """A collective entered (its outermost call, before it waits for the peers)."""
         if self.arrivals is not None:
             self.arrivals.append(time.time())
+
+    def waited(self, seconds: float) -> None:
+        if self.blocked is not None:
+            self.blocked += seconds
 
     def add(self, nbytes: int, calls: int = 1, dim: str = "other") -> None:
         self.entered()

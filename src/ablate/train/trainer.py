@@ -204,6 +204,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
              "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
+             "long_gaps": meter.long_gaps(),
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
              "peak_bytes_measured": summary["peak_bytes_measured"],
              **meter.host.rank_figures()},
@@ -219,7 +220,9 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                 "slurm": ranks.slurm_job(),
                 **peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
                 "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
-                "stalls": steady.held_up_by(summary["stalls"], per_rank),   # (drops the ranks' long_steps)
+                # (drops the ranks' long_steps and long_gaps)
+                "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
+                                            steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
                 "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),
                 "env": applied_env,
                 "versions": provenance.versions(), "provenance": provenance.record(env.device),
