@@ -70,7 +70,8 @@ FIGURES = _declare(
     Figure("compute_before_comm_s", "time", "s", "lower"),
     Figure("activation_bytes", "bytes", better="lower"),
     Figure("peak_bytes_measured", "bytes", better="lower", views=("console", "arm")),
-    Figure("peak_bytes_planned", "bytes", better="lower"),
+    Figure("peak_bytes_planned", "bytes", better="lower", views=("arm",)),
+    Figure("peak_ratio", "plain", views=("arm",)),   # measured / planned (model/peak.py)
     Figure("hw_flops_per_token", "flops", "FLOP/token"),
 )
 
