@@ -1,6 +1,6 @@
 """The peak a run holds: planned (model/peak.py) against measured (metrics/step_memory.py) on the session's shared
 runs (no run of its own), the 70B plan of the issue, and pruning by the peak (tune, maxbatch) in process.
-Cost: ~25 s (two 70B plans on fake tensors at 8k tokens, ~7 s each; the rest in process)."""
+Cost: ~20 s (two 70B plans on fake tensors at 8k tokens, ~7 s each; the pruning in process, ~1 s)."""
 import json
 
 import pytest
@@ -17,6 +17,8 @@ def typed(overrides):
     return validate(compose_cfg(["logger=none", *overrides]))
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained")   # shares the `trained` runs (one rank, fsdp2 bf16 on 2, hsdp 2x2, fsdp2 x tp2)
 @pytest.mark.parametrize("run, within", [
     (("none", "fp32", 1, "train.grad_accum=2"), 0.10), (("fsdp2", "bf16", 2), 0.10),
     (("hsdp", "fp32", 4, "parallel.shard_size=2"), 0.10),
@@ -40,6 +42,7 @@ def test_the_tracked_step_is_a_warm_up_step_or_one_left_out():
     assert tracked_step(0, first_measured=2, steps=2) is None     # none to spare: the only measured step
 
 
+@pytest.mark.slow   # two `python -m ablate.plan` processes
 def test_the_70b_layout_fits_80_gib_only_with_a_vocab_parallel_loss(tmp_path):
     """The issue's 70B on 256 GPUs (fsdp2 x tp8, batch 16 x 8k, full checkpointing): below 80 GiB with the
     vocab-parallel loss, and more than 50 GiB above that with the logits gathered whole."""
