@@ -639,9 +639,9 @@ def test_a_checkpoint_without_its_manifest_is_never_loaded_unchecked(tmp_path, m
 
 @pytest.mark.slow
 def test_the_rank_that_failed_is_the_one_named(tmp_path):
-    """2 local ranks (two `python -m ablate`, ~25 s): rank 1 killed with SIGKILL at step 8 (it says nothing; rank 0
+    """2 local ranks (three `python -m ablate`, ~40 s): rank 1 killed with SIGKILL at step 8 (it says nothing; rank 0
     then loses its peer) -> the one line names rank 1; rank 1 stopped (SIGSTOP) for 4 s at step 20 -> the stall in
-    summary.json names rank 1, the rank that held the others up."""
+    summary.json names rank 1, the rank that held the others up; under fsdp2 too, stopped inside the step."""
     common = ["parallel=ddp", "launcher.nproc_per_node=2", "logger=none", "metrics.gemm_probe_n=64"]
     killed = run_cli([*common, "train.steps=30", f"hydra.run.dir={tmp_path / 'killed'}"], env=planted(kill="1:8"))
     assert killed.returncode == 1 and "Traceback" not in killed.stderr, killed.stderr[-3000:]
@@ -654,6 +654,12 @@ def test_the_rank_that_failed_is_the_one_named(tmp_path):
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     stalls = json.loads((tmp_path / "stopped" / "summary.json").read_text())["stalls"]
     assert [(s["step"], s["rank"]) for s in stalls] == [(20, 1)] and stalls[0]["seconds"] >= 4, stalls
+    # under fsdp2, stopped 20 ms into step 20 (inside a collective it entered, or computing: ~12 s more)
+    fsdp2 = run_cli(["parallel=fsdp2", *common[1:], "train.steps=30", f"hydra.run.dir={tmp_path / 'fsdp2'}"],
+                    env=planted(stop="1:20:4:0.02"))
+    assert fsdp2.returncode == 0, fsdp2.stderr[-3000:]
+    stalls = json.loads((tmp_path / "fsdp2" / "summary.json").read_text())["stalls"]
+    assert [(s["rank"], s["stopped"]) for s in stalls] == [(1, True)] and stalls[0]["step"] in (20, 21), stalls
 
 
 @pytest.mark.slow   # trains (in process): not the fast tier

@@ -249,3 +249,24 @@ def test_a_stall_the_others_waited_in_is_held_up_by_the_rank_that_did_not_wait()
     assert between == {"step": 30, "seconds": 4.02, "x_median": pytest.approx(40.2), "between_steps": True,
                        "rank": 1, "host": None, "others_blocked_s": 4.01}
     assert held_up_by([], [dict(r) for r in gaps], median=0.1, checkpoint_steps=[30]) == []
+
+
+def test_the_rank_stopped_and_continued_during_a_stall_is_named_first():
+    """In process (~0 s): rank 1 stopped (SIGSTOP) after its step's last collective: its step is long, rank 0's is
+    not; rank 0 waits at the log point in ablate's own collectives (a gap, not a step). Rank 1's SIGCONT handler
+    recorded when it was continued (metrics/stopped.py): within the gap's window, so the stall names rank 1,
+    stopped. Job control stopping every rank names none of them by that."""
+    from ablate.metrics.steady import held_up_by
+
+    per_rank = [{"rank": 0, "long_gaps": [(20, 4.0, 4.0, 1000.0, 1004.0)], "continued_at": []},
+                {"rank": 1, "long_steps": [(20, [999.9], 0.01, 999.9, 1004.0)], "continued_at": [1004.01]}]
+    (stall,) = held_up_by([], per_rank, median=0.03)
+    assert (stall["step"], stall["rank"], stall["stopped"], stall["between_steps"]) == (20, 1, True, True)
+    both = {"step": 22, "seconds": 4.0, "x_median": 100.0}
+    everyone = [{"rank": r, "long_steps": [(22, [1.0, 5.0], 4.0, 1.0, 5.0)], "continued_at": [5.0]} for r in (0, 1)]
+    assert "stopped" not in held_up_by([both], everyone, median=0.04)[0]
+    # the stop seen twice: rank 1 stopped in the gap after step 20, rank 0 waiting in step 21: one stall, step 21's
+    twice = [{"rank": 0, "long_steps": [(21, [1.0, 5.0], 4.0, 1.0, 5.0)], "continued_at": []},
+             {"rank": 1, "long_gaps": [(20, 4.0, 0.0, 0.9, 4.9)], "continued_at": [4.9]}]
+    (once,) = held_up_by([{"step": 21, "seconds": 4.0, "x_median": 100.0}], twice, median=0.04)
+    assert (once["step"], once["rank"], once["stopped"]) == (21, 1, True) and "between_steps" not in once

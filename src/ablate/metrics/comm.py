@@ -181,25 +181,28 @@ class Comm(BuiltIn):
         self.counter, self.layout = counter, layout
         self.totals = dict(comm_bytes=0, comm_calls=0, comm_by_dim={})
         self.before_comm: List[tuple] = []   # per measured step: (step, host seconds before its first collective)
-        # the long steps' collectives' arrival times (wall clock) and seconds blocked in them, at most LONG_KEPT:
-        # which rank arrived last, which one the others waited on
+        # the long steps' (step, collectives' arrival times, seconds blocked in them, wall clock from, to), at most
+        # LONG_KEPT: which rank arrived last, which one the others waited on, which one was stopped then
         self.long_steps: List[tuple] = []
         # long gaps between steps (log points, checkpoints: ablate's own collectives), (step before, seconds,
-        # seconds in ablate's own collectives), at most LONG_KEPT: a rank stopped there holds the others up there
+        # seconds in ablate's own collectives, wall clock from, to), at most LONG_KEPT: a rank stopped there holds
+        # the others up there
         self.long_gaps: List[tuple] = []
         self._recent: Deque[float] = deque(maxlen=32)
         self._step, self._host_t0, self._after_long = 0, None, False
-        self._ended: Optional[tuple] = None   # (perf_counter, paused seconds) when the last step ended
+        self._ended: Optional[tuple] = None   # (perf_counter, paused seconds, wall) when the last step ended
+        self._wall_t0 = 0.0
 
     def step_begins(self, step: int) -> None:
         if self._ended is not None and self._recent and len(self.long_gaps) < LONG_KEPT:
             gap = time.perf_counter() - self._ended[0]
             if gap > LONG_STEP * statistics.median(self._recent):
-                self.long_gaps.append((self._step, gap, paused_seconds() - self._ended[1]))
+                self.long_gaps.append((self._step, gap, paused_seconds() - self._ended[1], self._ended[2],
+                                       time.time()))
         self._step = step
         self.counter.first_at = None       # the step's first collective is stamped by the counter
         self.counter.arrivals, self.counter.blocked = [], 0.0
-        self._host_t0 = time.perf_counter()
+        self._host_t0, self._wall_t0 = time.perf_counter(), time.time()
 
     def step_ends(self, grad_norm) -> None:
         if self._host_t0 is None:
@@ -211,12 +214,12 @@ class Comm(BuiltIn):
         # a stall on some rank: when this one reached each collective, in that step and the next (a rank stopped
         # after its last collective holds the others up at their next step's first)
         if arrivals and (long or self._after_long) and len(self.long_steps) < LONG_KEPT:
-            self.long_steps.append((self._step, list(arrivals), self.counter.blocked))
+            self.long_steps.append((self._step, list(arrivals), self.counter.blocked, self._wall_t0, time.time()))
         self._after_long = long
         self._recent.append(took)
         self.counter.arrivals = self.counter.blocked = None
         self._host_t0 = None
-        self._ended = (time.perf_counter(), paused_seconds())
+        self._ended = (time.perf_counter(), paused_seconds(), time.time())
 
     def mark(self) -> None:
         self._bytes0, self._calls0 = self.counter.bytes, self.counter.calls

@@ -62,38 +62,61 @@ def straggler(per_rank: List[Dict[str, object]], factor: float) -> Optional[Dict
 
 def held_up_by(stalls: List[Dict[str, object]], per_rank: List[Dict[str, object]], median: Optional[float] = None,
                checkpoint_steps=()) -> List[Dict[str, object]]:
-    """Each stall with the rank that held it up, when several ranks ran: the one that arrived last, by a stall's
-    length, at one of the step's collectives (every rank enters them in the same order; wall clocks, so across
-    hosts too: `long_steps`, each rank's long steps' arrival times and seconds blocked in collectives, dropped from
-    per_rank here), else the one the others were blocked on (waited_on), else the one that took longest to reach
-    the step's first collective (`slowest_before_comm`); its `rank` and `host` added. Then the stalls between
-    steps (between_steps), after the steps'."""
+    """Each stall with the rank that held it up, when several ranks ran, by the strongest evidence there is: the one
+    rank that was stopped and continued during it (`continued_at`, metrics/stopped.py: `stopped: true`); the one
+    that arrived last, by a stall's length, at one of the step's collectives (every rank enters them in the same
+    order; wall clocks, so across hosts too: `late_s`); the one the others were blocked on (waited_on); else the
+    one that took longest to reach the step's first collective (`slowest_before_comm`); its `rank` and `host`
+    added. `long_steps`, `long_gaps` and `continued_at` are dropped from per_rank here (not in summary.json).
+    Then the stalls between steps (between_steps), after the steps'."""
     kept = [r.pop("long_steps", None) or [] for r in per_rank]
-    gaps = between_steps([r.pop("long_gaps", None) or [] for r in per_rank], per_rank, median, checkpoint_steps)
+    continued = [r.pop("continued_at", None) or [] for r in per_rank]
+    gaps = between_steps([r.pop("long_gaps", None) or [] for r in per_rank], per_rank, median, checkpoint_steps,
+                         continued)
     arrivals = [{int(s[0]): s[1] for s in steps} for steps in kept]
     blocked = [{int(s[0]): s[2] for s in steps if len(s) > 2 and s[2] is not None} for steps in kept]
+    windows = [{int(s[0]): (s[3], s[4]) for s in steps if len(s) > 4} for steps in kept]
     if len(per_rank) < 2:
         return stalls
-    out = []
-    for stall in stalls:
-        late = last_to_arrive(stall, arrivals)
-        if late is not None:
-            r = per_rank[late[0]]
-            out.append({**stall, "rank": r["rank"], "host": r.get("host"), "late_s": late[1]})
-            continue
-        least = waited_on(stall, blocked)
-        if least is not None:
-            r = per_rank[least[0]]
-            out.append({**stall, "rank": r["rank"], "host": r.get("host"), "others_blocked_s": least[1]})
-            continue
-        waits = [(dict((int(s), t) for s, t in r.get("slowest_before_comm") or []).get(stall["step"]), r)
-                 for r in per_rank]
-        known = [(t, r) for t, r in waits if t is not None]
-        if known:
-            t, r = max(known, key=lambda w: w[0])
-            stall = {**stall, "rank": r["rank"], "host": r.get("host"), "before_comm_s": t}
-        out.append(stall)
-    return out + gaps
+    # a gap beside a stalled step is that stall seen from the stopped rank (the others waited in the step)
+    gaps = [g for g in gaps if not any(int(s["step"]) in (g["step"], g["step"] + 1) for s in stalls)]
+    return [named(stall, per_rank, arrivals, blocked, windows, continued) for stall in stalls] + gaps
+
+
+def named(stall, per_rank, arrivals, blocked, windows, continued) -> Dict[str, object]:
+    """One stall of a step with the rank that held it up (held_up_by's order of evidence), or as it was."""
+    def on(index: int, **why) -> Dict[str, object]:
+        r = per_rank[index]
+        return {**stall, "rank": r["rank"], "host": r.get("host"), **why}
+
+    step = int(stall["step"])
+    stopped = stopped_during([w.get(step) for w in windows], continued)
+    if stopped is not None:
+        return on(stopped[0], stopped=True, continued_at=stopped[1])
+    late = last_to_arrive(stall, arrivals)
+    if late is not None:
+        return on(late[0], late_s=late[1])
+    least = waited_on(stall, blocked)
+    if least is not None:
+        return on(least[0], others_blocked_s=least[1])
+    waits = [dict((int(s), t) for s, t in r.get("slowest_before_comm") or []).get(step) for r in per_rank]
+    known = [(t, i) for i, t in enumerate(waits) if t is not None]
+    if known:
+        t, i = max(known)
+        return on(i, before_comm_s=t)
+    return stall
+
+
+def stopped_during(windows: List[Optional[tuple]], continued: List[List[float]]):
+    """(index, when) of the one rank continued after a stop within the stall's wall-clock window (the ranks' windows
+    together, and a second after: a handler runs once the rank is back in Python), or None (none, or several: job
+    control stopped them all)."""
+    spans = [w for w in windows if w]
+    if not spans:
+        return None
+    start, end = min(w[0] for w in spans), max(w[1] for w in spans) + 1.0
+    hits = [(i, t) for i, times in enumerate(continued) for t in times if start <= t <= end]
+    return hits[0] if len({i for i, _ in hits}) == 1 else None
 
 
 def last_to_arrive(stall: Dict[str, object], arrivals: List[Dict[int, List[float]]]):
@@ -129,28 +152,35 @@ def checkpointed(every: int, steps: int) -> List[int]:
 
 
 def between_steps(gaps: List[List[tuple]], per_rank: List[Dict[str, object]], median: Optional[float],
-                  checkpoint_steps=()) -> List[Dict[str, object]]:
-    """Stalls outside any step: a rank stopped at a log point holds the others up in ablate's own collectives
-    there, which no step's time includes. Each gap over STALL_FACTOR x the median step after a step that did not
-    checkpoint, where the others spent over half of it in those collectives and one rank did not: that rank, as
-    {step (the one before), seconds, x_median, between_steps: true, rank, host, others_blocked_s}."""
+                  checkpoint_steps=(), continued: List[List[float]] = ()) -> List[Dict[str, object]]:
+    """Stalls outside any step: a rank stopped at a log point, or in its step after its last collective, holds the
+    others up in ablate's own collectives there, which no step's time includes. Each gap over STALL_FACTOR x the
+    median step after a step that did not checkpoint, where one rank was stopped and continued (`stopped: true`),
+    or the others spent over half of it in those collectives and one rank did not: that rank, as {step (the one
+    before), seconds, x_median, between_steps: true, rank, host, and its evidence}."""
     if not median or len(per_rank) < 2:
         return []
     by_step: Dict[int, List[Optional[tuple]]] = {}
     for r, kept in enumerate(gaps):
-        for step, seconds, blocked in kept:
-            by_step.setdefault(int(step), [None] * len(per_rank))[r] = (seconds, blocked)
+        for step, seconds, blocked, *window in kept:
+            by_step.setdefault(int(step), [None] * len(per_rank))[r] = (seconds, blocked, tuple(window) or None)
     out = []
-    for step, per in sorted(by_step.items()):
-        longest = max(p[0] for p in per if p)
-        if step in checkpoint_steps or longest <= STALL_FACTOR * median or any(p is None for p in per):
+    for step, found in sorted(by_step.items()):
+        longest = max(p[0] for p in found if p)
+        if step in checkpoint_steps or longest <= STALL_FACTOR * median:
             continue
+        # a rank without a long gap there did not wait there (stopped in its step, after its last collective)
+        per = [p or (0.0, 0.0, None) for p in found]
+        gap = {"step": step, "seconds": longest, "x_median": longest / median, "between_steps": True}
+        stopped = stopped_during([p[2] for p in per], continued or [[] for _ in per])
         least = min(range(len(per)), key=lambda r: per[r][1])
         others = min(p[1] for r, p in enumerate(per) if r != least)
-        if others - per[least][1] > 0.5 * longest:
+        if stopped is not None:
+            r = per_rank[stopped[0]]
+            out.append({**gap, "rank": r["rank"], "host": r.get("host"), "stopped": True, "continued_at": stopped[1]})
+        elif others - per[least][1] > 0.5 * longest:
             r = per_rank[least]
-            out.append({"step": step, "seconds": longest, "x_median": longest / median, "between_steps": True,
-                        "rank": r["rank"], "host": r.get("host"), "others_blocked_s": others})
+            out.append({**gap, "rank": r["rank"], "host": r.get("host"), "others_blocked_s": others})
     return out
 
 

@@ -18,6 +18,7 @@ from ablate.metrics.activations import SavedTensors
 from ablate.metrics.collectors import Collected, StepEvent
 from ablate.metrics.profile import StepProfiler
 from ablate.metrics.step_memory import NOT_TRACKED, StepMemory, tracked_step
+from ablate.metrics.stopped import Continued
 from ablate.model import checkpointing
 from ablate.train import checkpoint, hooks, signals
 
@@ -39,6 +40,7 @@ class Loop:
         self.profiler = StepProfiler(cfg.metrics.profile_steps, env.device, run_dir, env.rank, env.is_main)
         self._profile_logged = False
         self.preemption = signals.Preemption(env.world_size)
+        self.continued = Continued().install()   # when this rank was continued after a stop (stalls name it)
         self.saved_step: Optional[int] = None
         self.unconfirmed: Optional[int] = None   # the step of a checkpoint whose weights' loss is not known yet
         self.hooks = hooks.load()   # ABLATE_STEP_HOOKS: called as each step begins (train/hooks.py)

@@ -194,6 +194,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             meter.close()
             loop.profiler.close()
             loop.preemption.restore()
+            loop.continued.restore()
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
                    "activation_bytes": loop.activation_bytes, **loop.memory_record()}
         collected = loop.collected.totals()
@@ -204,7 +205,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
              "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
              **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
              "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
-             "long_gaps": meter.long_gaps(),
+             "long_gaps": meter.long_gaps(), "continued_at": loop.continued.at,
              "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
              "peak_bytes_measured": summary["peak_bytes_measured"],
              **meter.host.rank_figures()},
