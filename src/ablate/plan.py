@@ -27,6 +27,7 @@ from typing import Dict, List
 from ablate import parallel, units
 from ablate.config import AblateConfig
 from ablate.config import arguments as cli
+from ablate.config.dims import described
 from ablate.model.facts import measure
 from ablate.model.peak import plan_peak
 from ablate.parallel.state_bytes import Breakdown
@@ -88,8 +89,8 @@ def render(p: Dict[str, object]) -> None:
 
     mesh = p["mesh"]
     table = Table(title=f"static memory per GPU: model={p['model']} ({count(p['params'])} params), "
-                        f"parallel={p['parallel']}, precision={p['precision']}, world={p['world_size']} (dp_replicate "
-                        f"{mesh['dp_replicate']} x dp_shard {mesh['dp_shard']} x tp {mesh['tp']})")
+                        f"parallel={p['parallel']}, precision={p['precision']}, world={p['world_size']} "
+                        f"({described(mesh)})")
     for col in ("accounting", "weights", "gradients", "optimizer", "per GPU", "whole model"):
         table.add_column(col, justify="right" if col != "accounting" else "left")
     nominal = count(p["nominal_params"])

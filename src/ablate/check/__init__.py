@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 
 from ablate.config import ConfigError
 from ablate.config.command_line import config_dir_override
+from ablate.config.dims import DIMS_NAMED
 
 EXIT_DIFFERENT = 1
 # relative tolerance per precision: float32 arithmetic in another order (a sum over tp ranks) moves a loss by ~1e-6
@@ -87,7 +88,7 @@ def check(args) -> int:
     rtol = args.rtol if args.rtol is not None else RTOL.get(cfg.precision.name, 2e-2)
     base = args.dir or Path(tempfile.mkdtemp(prefix="ablate-check-"))
     split, one = base / "layout", base / "one_rank"
-    print(f"ablate.check: {args.steps} steps of mesh {layout.label()} (dp_replicate x dp_shard x tp) and of one rank "
+    print(f"ablate.check: {args.steps} steps of mesh {layout.label()} ({DIMS_NAMED}) and of one rank "
           f"with grad_accum {cfg.train.grad_accum * layout.dp}, losses compared within {rtol:g}", flush=True)
     got = train(run_args(overrides, args.steps), split, "layout's")
     want = train(run_args(reference_args(overrides, cfg, layout), args.steps), one, "one-rank")

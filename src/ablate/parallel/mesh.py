@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ablate.config import AblateConfig, ConfigError, HFModelConfig, ModelConfig, UserModelConfig
-
-DIMS = ("dp_replicate", "dp_shard", "tp")
+from ablate.config.dims import DIMS, label
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ class Layout:
 
     def label(self) -> str:
         """One short name for a report's layout column: e.g. 2x2x1 (dp_replicate x dp_shard x tp)."""
-        return "x".join(str(n) for n in self.shape)
+        return label(self.record())
+
 
 
 def divisors(n: int) -> List[int]:

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from ablate.config import record
+from ablate.config.dims import label as mesh_label
 
 # keys that never make two runs different arms: repeat axes, bookkeeping, where files go
 NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache",
@@ -91,7 +92,7 @@ class Run:
     def layout(self) -> str:
         """The run's mesh as dp_replicate x dp_shard x tp (summary.json's `mesh`); "—" for a run that has none."""
         mesh = self.summary.get("mesh")
-        return "x".join(str(mesh[d]) for d in ("dp_replicate", "dp_shard", "tp")) if mesh else "—"
+        return mesh_label(mesh) if mesh else "—"
 
     def level(self, knob: str):
         """A factor's level: a config group's chosen `name`, else the dotted key's value."""

@@ -17,10 +17,10 @@ from typing import Dict, List, Optional, Tuple
 
 from ablate import units
 from ablate.config import ConfigError
+from ablate.config.dims import DIMS
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 from ablate.metrics import collectors
-from ablate.parallel.mesh import DIMS
 
 # objectives whose smaller value is better (as the figure registry declares them, and the loss); every other
 # figure, a collector's too, is maximised

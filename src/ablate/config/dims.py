@@ -1,0 +1,19 @@
+"""The mesh's dims, declared once, outermost first (parallel/mesh.py builds the device mesh from them; a summary's
+`mesh`, the report's layout column, the plan's title and the comm model's keys read them here). Torch-free: the
+report reads it."""
+from __future__ import annotations
+
+from typing import Dict
+
+DIMS = ("dp_replicate", "dp_shard", "tp")
+DIMS_NAMED = " x ".join(DIMS)   # "dp_replicate x dp_shard x tp": what a label's numbers are
+
+
+def label(mesh: Dict[str, int]) -> str:
+    """A mesh record (summary.json's `mesh`) as its sizes in DIMS' order: "2x2x1"."""
+    return "x".join(str(mesh[d]) for d in DIMS)
+
+
+def described(mesh: Dict[str, int]) -> str:
+    """A mesh record in words: "dp_replicate 2 x dp_shard 2 x tp 1"."""
+    return " x ".join(f"{d} {mesh[d]}" for d in DIMS)
