@@ -13,7 +13,7 @@ import torch
 
 from ablate.metrics import host
 from ablate.metrics.peak import forget_this_host, measured_peak, peak_key
-from ablate.report.compare import busy_note
+from ablate.report.compare import busy_note, machine_note
 from conftest import main_in_process
 
 
@@ -49,6 +49,28 @@ def test_the_report_says_when_runs_were_on_a_busy_host():
     assert busy_note({"metric": "tokens_per_s"}, runs).startswith("1/2 runs on a busy host (other processes' "
                                                                    "share of the CPU: b (60%))")
     assert busy_note({"metric": "comm_bytes_per_step", "exact": True}, runs) == ""   # counts do not depend on it
+
+
+def test_the_report_names_runs_whose_machine_was_off_its_calibrated_speed():
+    """In process (~0 s): summary.json's machine_speed (metrics/machine_speed.py, the GEMM probe before the first
+    step and after the last against the host's calibration); a run more than 10% off either way is named."""
+    def run(name, start, end):
+        return SimpleNamespace(path=Path(name), summary={"machine_speed": {
+            "start_ratio": start, "end_ratio": end, "off": abs(start - 1) > 0.1 or abs(end - 1) > 0.1}})
+    runs = [run("a", 0.97, 1.04), run("slow", 0.66, 0.71), run("fast", 1.02, 1.18)]
+    assert machine_note({"metric": "tokens_per_s"}, runs) == (
+        "2/3 runs on a machine more than 10% off its calibrated speed (slow (x0.66), fast (x1.18)): timings there "
+        "measure the machine as much as the change")
+    assert machine_note({"metric": "comm_bytes_per_step", "exact": True}, runs) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained")   # reads a shared `trained` run
+def test_every_run_probes_its_machine_before_and_after(trained):
+    speed = trained("none", "fp32", 1, "train.grad_accum=2")[0]["machine_speed"]
+    assert speed["calibration_flops"] > 0 and speed["start_flops"] > 0 and speed["end_flops"] > 0
+    assert speed["start_ratio"] == pytest.approx(speed["start_flops"] / speed["calibration_flops"])
+    assert speed["off"] == any(abs(speed[k] - 1) > 0.1 for k in ("start_ratio", "end_ratio"))
 
 
 def test_a_run_beside_a_busy_process_says_the_host_was_busy(tmp_path, monkeypatch):

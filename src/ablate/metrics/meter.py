@@ -22,6 +22,7 @@ from ablate.metrics.comm import Comm
 from ablate.metrics.gpu_util import GpuUtil
 from ablate.metrics.health import Health
 from ablate.metrics.host import HostLoad
+from ablate.metrics.machine_speed import MachineSpeed
 from ablate.metrics.memory import Memory
 from ablate.metrics.throughput import Throughput
 from ablate.metrics.timing import DataWait, Phases, synchronize
@@ -31,9 +32,10 @@ HOOKS = ("on_micro", "step_begins", "step_ends", "start", "mark", "interval", "l
 
 def built_in(cfg: AblateConfig, env, feeder, strategy, flop_model, layout, notes: Dict[str, str]) -> List[BuiltIn]:
     """ablate's own figures, one collector per concern, in the order their keys come in a log row."""
-    return [Health(env, strategy), Memory(env.device, notes),
-            Throughput(cfg, env, feeder, flop_model, layout, notes), DataWait(feeder), Phases(env.device),
-            GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes), Comm(strategy.comm, layout), HostLoad()]
+    throughput = Throughput(cfg, env, feeder, flop_model, layout, notes)
+    return [Health(env, strategy), Memory(env.device, notes), throughput, DataWait(feeder), Phases(env.device),
+            GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes), Comm(strategy.comm, layout), HostLoad(),
+            MachineSpeed(cfg, env, throughput.peak, notes)]
 
 
 def _merge(into: Dict[str, object], got: Dict[str, object], source: str) -> None:

@@ -181,7 +181,8 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
     else:   # without a claim there is no verdict: what the interval says of the expected value is a reason
         reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
                                        _unclaimed_expectation(est, expected, tolerance, better, metric),
-                                       _expected_note(spec, base, treat), busy_note(spec, base + treat)) if p)
+                                       _expected_note(spec, base, treat), busy_note(spec, base + treat),
+                                       machine_note(spec, base + treat)) if p)
     every = base + treat
     return Check(sweep.get("claim", "—"), group.name, metric, spec.get("what", ""), kind, claimed, expected,
                  tolerance, better, est.median if est else None, est.ci_low if est else None,
@@ -228,6 +229,23 @@ def busy_note(spec: Dict, runs: List[R.Run]) -> str:
     shown = ", ".join(f"{name} ({frac:.0%})" for name, frac in busy[:3]) + (" ..." if len(busy) > 3 else "")
     return (f"{len(busy)}/{len(runs)} runs on a busy host (other processes' share of the CPU: {shown}): "
             "timings there are noise as much as effect")
+
+
+def machine_note(spec: Dict, runs: List[R.Run]) -> str:
+    """Runs whose machine ran more than 10% off its calibration (summary.json's machine_speed: the GEMM probe before
+    the first step and after the last): their timings measure the machine as much as the change."""
+    if spec.get("exact"):
+        return ""
+    off = []
+    for r in runs:
+        speed = r.summary.get("machine_speed") or {}
+        if speed.get("off"):
+            off.append((r.path.name, max((speed["start_ratio"], speed["end_ratio"]), key=lambda x: abs(x - 1))))
+    if not off:
+        return ""
+    shown = ", ".join(f"{name} (x{ratio:.2f})" for name, ratio in off[:3]) + (" ..." if len(off) > 3 else "")
+    return (f"{len(off)}/{len(runs)} runs on a machine more than 10% off its calibrated speed ({shown}): timings "
+            "there measure the machine as much as the change")
 
 
 def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:

@@ -1,0 +1,46 @@
+"""The machine's own speed, per run: a shared or throttled host changes speed under the same load (this 2-core VM:
+x1.5 between consecutive identical runs, no steal time, nothing else running), so a run's timings are judged
+against how fast its machine was then. Rank 0 runs the calibration's own kernel (metrics/peak.py's GEMM probe,
+its size and dtype) briefly before the first step and after the last, and summary.json's `machine_speed` sets
+both rates beside the calibration's (the host's cached measured peak): `start_ratio`, `end_ratio`, and `off`
+when either is more than OFF_BY from 1 (the report names such runs, as it names busy ones). Absent, with the
+reason, where there is no calibration (metrics.gemm_probe=false) or on the other ranks.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ablate.metrics import flops as F
+from ablate.metrics.collectors import BuiltIn, Span
+from ablate.precision import numerics
+
+OFF_BY = 0.10        # a machine more than 10% off its calibration: the issue's rule, the noise floor's too
+PROBE_REPEATS = 3    # products timed after one warm-up: a fraction of a second at the calibration's size on CPU
+
+
+class MachineSpeed(BuiltIn):
+    def __init__(self, cfg, env, peak, notes: Dict[str, str]):
+        super().__init__()
+        self.device, self.main = env.device, env.is_main
+        self.calibration: Optional[float] = (peak.probe or {}).get("flops")
+        self.n = cfg.metrics.gemm_probe_n or (8192 if env.device.type == "cuda" else 1024)
+        self.dtype = numerics(cfg.precision.name).probe_dtype
+        self.start_flops: Optional[float] = None
+        if self.calibration is None:
+            notes["machine_speed"] = "no calibration to compare with: metrics.gemm_probe=false"
+        elif self.main:
+            self.start_flops = self.probe()
+
+    def probe(self) -> float:
+        return F.gemm_probe(self.device, self.dtype, self.n, repeats=PROBE_REPEATS, warmup=2)[0]
+
+    def summary(self, span: Span) -> Dict[str, object]:
+        if self.calibration is None or not self.main:
+            return {"machine_speed": None}
+        end = self.probe()
+        ratios = [x / self.calibration for x in (self.start_flops, end)]
+        return {"machine_speed": {
+            "calibration_flops": self.calibration, "start_flops": self.start_flops, "end_flops": end,
+            "start_ratio": ratios[0], "end_ratio": ratios[1], "off": any(abs(r - 1) > OFF_BY for r in ratios),
+            "probe": f"{PROBE_REPEATS} {self.n}x{self.n}x{self.n} {str(self.dtype).replace('torch.', '')} products"}}
+
