@@ -144,6 +144,75 @@ def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> D
             "changed": changed, "from": str(meta["path"])}
 
 
+def train_loop(loop: Loop, start_step: int, run_dir: Path, env) -> Optional[RunStopped]:
+    """The steps, and what ends them: a stop whose figures are still summarised (returned, said after the
+    summary), a preemption (checkpointed: requeued under Slurm, else one line), an error (the tracker closed)."""
+    meter, tracker, progress = loop.meter, loop.tracker, loop.progress
+    try:
+        loop.run(start_step)
+    except (Diverged, CollectorFailed) as e:   # its figures so far are still summarised, then its one line
+        meter.close_interval()
+        return e
+    except checkpoint.Preempted as stop:
+        tracker.close(exit_code=0)
+        progress.close()
+        distributed.teardown(clean=True)
+        loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
+        if loop.preemption.launcher_gone(settle_s=5):   # the launcher that would say it is gone: rank 0 does
+            if env.is_main:
+                print(f"ablate: {signals.stopped(stop.signum, run_dir, signals.ORPHANED)}", file=sys.stderr,
+                      flush=True)
+        raise RunStopped(signals.stopped(stop.signum, run_dir), exit_code=128 + stop.signum) from None
+    except BaseException:
+        tracker.close(exit_code=1)
+        raise
+    finally:
+        progress.close()
+        meter.close()
+        loop.profiler.close()
+        loop.preemption.restore()
+        loop.continued.restore()
+    return None
+
+
+def rank_record(env, summary: Dict[str, object], strategy, loop: Loop) -> Dict[str, object]:
+    """What each rank tells rank 0 (summary.json's per_rank; its long steps and gaps read for stalls, then
+    dropped)."""
+    meter = loop.meter
+    return {**distributed.place(env), "state_bytes": strategy.measured_state,
+            **{k: summary[k] for k in ("comm_exposed_s", "tokens_per_s_per_device", "step_time_s", "step_time_p90_s",
+                                       "compute_before_comm_s", "mem_peak_bytes", "comm_bytes_per_step",
+                                       "peak_bytes_measured")},
+            "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
+            "long_gaps": meter.long_gaps(), "continued_at": loop.continued.at, **meter.host.rank_figures()}
+
+
+def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env, resumed, facts, strategy,
+               layout: Layout, per_rank, summary, loop: Loop) -> Dict[str, object]:
+    """Rank 0's part of summary.json beside the meter's figures: the run, its facts, every rank's, and notes."""
+    env, start_step = loop.env, resumed["step"]
+    return {
+        "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
+        "resumed_from_step": start_step,
+        "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
+        **facts, "numerics": strategy.numerics, "mesh": layout.record(), "optimizer": strategy.optimizer_record,
+        "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
+        "slurm": ranks.slurm_job(),
+        **peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
+        "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
+        # (drops the ranks' long_steps and long_gaps)
+        "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
+                                    steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
+        "host_load": host.summarize(loop.meter.host.load_start, per_rank, per_rank[0].get("host")),
+        "env": applied_env,
+        "versions": provenance.versions(), "provenance": provenance.record(env.device),
+        "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
+        "notes": {**loop.meter.notes, **profile_notes(loop.profiler, strategy, env),
+                  **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
+        "sweep": resolved.get("sweep") or {},
+    }
+
+
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
@@ -169,69 +238,16 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved, blocks)
         loop.saved_step = start_step or None
-        stopped: Optional[RunStopped] = None
-        try:
-            loop.run(start_step)
-        except (Diverged, CollectorFailed) as e:   # its figures so far are still summarised, then its one line
-            meter.close_interval()
-            stopped = e
-        except checkpoint.Preempted as stop:
-            tracker.close(exit_code=0)
-            progress.close()
-            distributed.teardown(clean=True)
-            loop.preemption.hand_over(env.is_main)     # under Slurm: requeued, does not return
-            if loop.preemption.launcher_gone(settle_s=5):   # the launcher that would say it is gone: rank 0 does
-                if env.is_main:
-                    print(f"ablate: {signals.stopped(stop.signum, run_dir, signals.ORPHANED)}", file=sys.stderr,
-                          flush=True)
-            raise RunStopped(signals.stopped(stop.signum, run_dir),
-                                        exit_code=128 + stop.signum) from None
-        except BaseException:
-            tracker.close(exit_code=1)
-            raise
-        finally:
-            progress.close()
-            meter.close()
-            loop.profiler.close()
-            loop.preemption.restore()
-            loop.continued.restore()
+        stopped = train_loop(loop, start_step, run_dir, env)
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
                    "activation_bytes": loop.activation_bytes, **loop.memory_record()}
         collected = loop.collected.totals()
         stopped = stopped or loop.collected.failure()   # a collector's summary() that raised: said after the summary
-        per_rank = comm.all_gather_object(
-            {**distributed.place(env), "state_bytes": strategy.measured_state,
-             "comm_exposed_s": summary["comm_exposed_s"],
-             "tokens_per_s_per_device": summary["tokens_per_s_per_device"],
-             **{k: summary[k] for k in ("step_time_s", "step_time_p90_s", "compute_before_comm_s")},
-             "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
-             "long_gaps": meter.long_gaps(), "continued_at": loop.continued.at,
-             "mem_peak_bytes": summary["mem_peak_bytes"], "comm_bytes_per_step": summary["comm_bytes_per_step"],
-             "peak_bytes_measured": summary["peak_bytes_measured"],
-             **meter.host.rank_figures()},
-            env)
+        per_rank = comm.all_gather_object(rank_record(env, summary, strategy, loop), env)
         strategy.close()
         if env.is_main:
-            summary.update({
-                "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
-                "resumed_from_step": start_step,
-                "resume": {k: resumed[k] for k in ("from", "changed") if k in resumed} if start_step else None,
-                **facts, "numerics": strategy.numerics, "mesh": layout.record(), "optimizer": strategy.optimizer_record,
-                "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
-                "slurm": ranks.slurm_job(),
-                **peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
-                "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
-                # (drops the ranks' long_steps and long_gaps)
-                "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
-                                            steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
-                "host_load": host.summarize(meter.host.load_start, per_rank, per_rank[0].get("host")),
-                "env": applied_env,
-                "versions": provenance.versions(), "provenance": provenance.record(env.device),
-                "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
-                "notes": {**meter.notes, **profile_notes(loop.profiler, strategy, env),
-                          **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
-                "sweep": resolved.get("sweep") or {},
-            })
+            summary.update(run_record(cfg, run_dir, choices, resolved, applied_env, resumed, facts, strategy, layout,
+                                      per_rank, summary, loop))
             loop.collected.into_summary(summary, collected)
             tracker.finish(summary, exit_code=1 if stopped else 0)
             print_summary(summary)
