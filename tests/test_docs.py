@@ -22,3 +22,13 @@ def test_a_page_has_no_dated_line_and_no_dead_link(page):
     for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", text):
         if not target.startswith(("http://", "https://")):
             assert (page.parent / target).exists(), f"{page.name}: a link to {target}, which is not there"
+
+
+def test_every_declared_figure_is_defined_in_records():
+    """A figure is declared once (units.FIGURES) and defined once, in docs/records.md: a new figure without its
+    definition fails here (~0 s)."""
+    from ablate import units
+
+    records = (REPO / "docs" / "records.md").read_text()
+    missing = [name for name in units.FIGURES if f"`{name}`" not in records]
+    assert not missing, f"figures with no definition in docs/records.md: {missing}"
