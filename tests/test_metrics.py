@@ -270,3 +270,24 @@ def test_the_rank_stopped_and_continued_during_a_stall_is_named_first():
              {"rank": 1, "long_gaps": [(20, 4.0, 0.0, 0.9, 4.9)], "continued_at": [4.9]}]
     (once,) = held_up_by([{"step": 21, "seconds": 4.0, "x_median": 100.0}], twice, median=0.04)
     assert (once["step"], once["rank"], once["stopped"]) == (21, 1, True) and "between_steps" not in once
+
+
+def test_a_model_the_memory_tracker_cannot_follow_still_trains_and_says_why():
+    """In process (~0.1 s): a root module called twice in one step is beyond torch's MemTracker (its module
+    bookkeeping raises); the step goes on, no peak is recorded, and the reason is kept for the summary's note.
+    A model it follows gets its peak with the parts live then."""
+    from ablate.metrics.step_memory import StepMemory
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    opt = torch.optim.AdamW(m.parameters())
+    for twice in (True, False):
+        tracked = StepMemory(torch.device("cpu"), m, opt)
+        with tracked:
+            x = torch.randn(4, 8)
+            m(m(x) if twice else x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if twice:
+            assert tracked.record()["peak_bytes_measured"] is None and "MemTracker" in tracked.why
+        else:
+            assert tracked.why is None and tracked.peak > 0 and {"params", "optimizer"} <= set(tracked.parts)

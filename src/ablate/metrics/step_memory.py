@@ -38,6 +38,36 @@ def tracked_step(start_step: int, first_measured: int, steps: int) -> Optional[i
     return step if step < steps else None
 
 
+def tolerant_tracker():
+    """torch's MemTracker, whose per-module bookkeeping (module hooks) never stops a training step: a model it
+    cannot follow (a root module called twice in a micro-step, say) leaves no peak and says why (`failed`)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class Tolerant(MemTracker):
+        failed: Optional[str] = None
+
+        def _guarded(self, hook, *args) -> None:
+            if self.failed is None:
+                try:
+                    hook(*args)
+                except Exception as e:   # its bookkeeping, not the model's: the step goes on
+                    self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+        def _pre_fw_hook(self, *args):
+            self._guarded(super()._pre_fw_hook, *args)
+
+        def _post_fw_hook(self, *args):
+            self._guarded(super()._post_fw_hook, *args)
+
+        def _pre_bw_hook(self, *args):
+            self._guarded(super()._pre_bw_hook, *args)
+
+        def _post_bw_hook(self, *args):
+            self._guarded(super()._post_bw_hook, *args)
+
+    return Tolerant()
+
+
 class StepMemory:
     """`with StepMemory(device, model, optimizer) as m: <one optimizer step>`; then `m.record()`."""
 
@@ -46,6 +76,7 @@ class StepMemory:
         self.peak: Optional[int] = None
         self.reserved: Optional[int] = None
         self.parts: Dict[str, int] = {}
+        self.why: Optional[str] = None   # why no peak was measured, if so
         self._tracker = None
 
     def __enter__(self) -> "StepMemory":
@@ -53,9 +84,7 @@ class StepMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        self._tracker = MemTracker()
+        self._tracker = tolerant_tracker()
         external = [self.model] + ([self.optimizer] if isinstance(self.optimizer, torch.optim.Optimizer) else [])
         self._tracker.track_external(*external)
         self._tracker.track_external(*[p.grad for p in self.model.parameters() if p.grad is not None])
@@ -75,6 +104,10 @@ class StepMemory:
             self.reserved = int(torch.cuda.max_memory_reserved(self.device))
             return
         self._tracker.__exit__(*exc)
+        if self._tracker.failed:
+            self.why = f"not measured: torch's memory tracker could not follow this model ({self._tracker.failed})"
+            self._tracker = None
+            return
         snapshot = self._tracker.get_tracker_snapshot("peak")
         at_peak = next(iter(snapshot.values()), {})
         self.peak = int(at_peak.get("Total", 0))

@@ -131,8 +131,8 @@ class Loop:
 
     def memory_record(self) -> Dict[str, object]:
         """summary.json's measured peak (metrics/step_memory.py), with why where no step was tracked."""
-        if self.step_memory is None:
-            self.meter.notes["peak_bytes_measured"] = NOT_TRACKED
+        if self.step_memory is None or self.step_memory.why:
+            self.meter.notes["peak_bytes_measured"] = self.step_memory.why if self.step_memory else NOT_TRACKED
             return StepMemory.absent()
         return self.step_memory.record()
 
