@@ -87,3 +87,27 @@ def test_a_point_that_fits_by_its_saved_activations_but_not_its_peak_is_pruned(t
     trials = Trials(workload, tmp_path, budget, steps=2, cuda=False)
     assert trials(4) is False and trials.log[0]["why"].startswith("planned, not run: ")
     assert not (tmp_path / "max_batch_trials").exists()   # nothing was run
+
+
+def test_the_plan_says_whether_the_peak_fits_a_gpu(tmp_path, capsys):
+    """In process (~2 s): `ablate.plan --hardware NAME|FILE` sets the planned peak beside one GPU's memory
+    (conf/hardware: each file's keys, its datasheet FLOP/s the same the MFU reads); a name that is none is one line."""
+    from ablate import hardware, plan
+    from ablate.metrics import flops as F
+
+    for hw in hardware.every():
+        assert hw.memory_bytes > 0 and hw.peak_flops["bf16"] > 0 and hw.nvlink_bytes_per_s and hw.network_bytes_per_s
+    assert hardware.for_device("NVIDIA H100 PCIe").name == "h100_pcie"
+    assert hardware.for_device("NVIDIA H100 80GB HBM3").name == "h100_sxm"
+    assert hardware.for_device("NVIDIA H100 NVL") is None
+    assert F.datasheet_peak("NVIDIA H200", "bf16") == hardware.named("h200").peak_flops["bf16"]
+    tiny_gpu = tmp_path / "tiny_gpu.yaml"
+    tiny_gpu.write_text("name: tiny_gpu\ndevice_names: [TINY]\nmemory_gib: 0.001\npeak_tflops: {bf16: 1.0}\n")
+    for given, fits in (("h100_sxm", True), (str(tiny_gpu), False)):
+        plan.main(["--json", "--hardware", given, "model=tiny"])
+        p = json.loads(capsys.readouterr().out)
+        assert p["fits"] is fits and p["memory_left_bytes"] == pytest.approx(p["hardware"]["memory_bytes"]
+                                                                              - p["peak_bytes"])
+    with pytest.raises(SystemExit) as stop:
+        plan.main(["--hardware", "nosuch", "model=tiny"])
+    assert stop.value.code == 2 and "valid: a100_80gb, b200, h100_pcie, h100_sxm, h200" in capsys.readouterr().err

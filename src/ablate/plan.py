@@ -24,7 +24,7 @@ import json
 import sys
 from typing import Dict, List
 
-from ablate import parallel, units
+from ablate import hardware, parallel, units
 from ablate.config import AblateConfig
 from ablate.config import arguments as cli
 from ablate.config.dims import described
@@ -63,6 +63,13 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "activation_checkpointing": cfg.model.activation_checkpointing,
             "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens",
             **(peak.record() if peak else {"peak_bytes": None})}
+
+
+def fits(p: Dict[str, object], hw) -> Dict[str, object]:
+    """Whether the planned peak (with its allowance) fits the memory of one GPU of this hardware."""
+    peak = p.get("peak_bytes")
+    return {"hardware": hw.record(), "fits": None if peak is None else peak <= hw.memory_bytes,
+            "memory_left_bytes": None if peak is None else hw.memory_bytes - peak}
 
 
 def as_json(p: Dict[str, object]) -> str:
@@ -113,6 +120,11 @@ def render(p: Dict[str, object]) -> None:
     console.print(f"Peak per GPU: [bold]{gb(p['peak_bytes'])}[/bold] = {gb(p['peak_tensor_bytes'])} of tensors at "
           f"{p['peak_moment']} ({parts}) + {gb(p['peak_allowance'])} allowance (allocator cache, CUDA context, NCCL "
           "buffers); how: docs/layouts.md, \"The peak\".")
+    if "hardware" in p:
+        hw, left = p["hardware"], p["memory_left_bytes"]
+        console.print(f"On {hw['name']} ({gb(hw['memory_bytes'])} per GPU): "
+                      + (f"[bold]fits[/bold], {gb(left)} left" if p["fits"] else
+                         f"[bold]does not fit[/bold]: {gb(-left)} over"))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -122,6 +134,9 @@ def parser() -> argparse.ArgumentParser:
                                 "parallel=zero3 launcher=slurm precision=bf16",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="the plan as one JSON object (bytes per GPU)")
+    p.add_argument("--hardware", metavar="NAME|FILE", default=None,
+                   help="the GPU to plan for (conf/hardware: a100_80gb, h100_sxm, h100_pcie, h200, b200; or a YAML "
+                        "file of yours): says whether the peak fits its memory")
     p.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
                    help="a config dir of your own (model/, optim/, ... files)")
     p.add_argument("overrides", nargs="*", help="as for python -m ablate")
@@ -138,10 +153,11 @@ def main(argv: List[str] = None) -> None:
         preflight(argv, hardware=False)   # a plan for any machine: nothing here must run it
         cfg = config_of(argv)[1]
         p = plan(cfg)
+        if args.hardware:
+            p.update(fits(p, hardware.named(args.hardware)))
         print(as_json(p)) if args.json else render(p)
     except ConfigError as e:
         sys.exit(exit_code_of(e))
-
 
 
 if __name__ == "__main__":

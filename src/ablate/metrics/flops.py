@@ -25,52 +25,20 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from ablate.config import ModelConfig
-
-# Dense (no sparsity) peak TFLOP/s per GPU by datasheet, tensor-core bf16/fp16; fp8 is twice that.
-# fp32 is the plain (non-TF32) CUDA-core rate, which torch uses for fp32 matmuls by default.
-PEAK_TFLOPS = {
-    # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 (624 sparse), FP32 19.5
-    "A100": {"bf16": 312.0, "fp32": 19.5},
-    # NVIDIA H100 Tensor Core GPU datasheet (2023), SXM: BF16 989 (1,979 sparse), FP32 67
-    "H100 SXM": {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0},
-    # same datasheet, PCIe: BF16 756 (1,513 sparse), FP32 51
-    "H100 PCIe": {"bf16": 756.0, "fp8": 1513.0, "fp32": 51.0},
-    # NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: BF16 989 (1,979 sparse), FP32 67
-    "H200": {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0},
-    # NVIDIA DGX B200 datasheet (2024): 72 PF fp8 sparse training for 8 GPUs -> 2,250 dense bf16 per GPU
-    "B200": {"bf16": 2250.0, "fp8": 4500.0},
-}
-
-
-# Parts that share a family name with a row above but run at other clocks and power (H100/H200 NVL,
-# GB200, GH200): their datasheet rows are not in this table, so they get none rather than the SXM/B200
-# row, which would read their MFU ~15% low. Set metrics.peak_tflops for them.
-OTHER_VARIANTS = ("NVL", "GB200", "GH200")
-
-
-def device_family(device_name: str) -> Optional[str]:
-    """Datasheet row for a torch.cuda.get_device_name() string, or None if unknown."""
-    name = device_name.upper()
-    if any(v in name for v in OTHER_VARIANTS):
-        return None
-    if "H100" in name:
-        return "H100 PCIe" if "PCIE" in name else "H100 SXM"   # "NVIDIA H100 80GB HBM3" is the SXM part
-    for family in ("A100", "H200", "B200"):
-        if family in name:
-            return family
-    return None
+from ablate.hardware import for_device
 
 
 def datasheet_peak(device_name: str, column: str) -> Optional[float]:
-    """Peak FLOP/s for this device in a table column (fp32 | bf16 | fp8: precision.Numerics.peak_column),
-    or None (with a warning) when not in the table."""
-    family = device_family(device_name)
-    peak = PEAK_TFLOPS.get(family, {}).get(column) if family else None
+    """Dense peak FLOP/s for this device in a column (fp32 | bf16 | fp8: precision.Numerics.peak_column) of its
+    conf/hardware file (hardware/: tensor-core bf16/fp16, fp8; fp32 the plain CUDA-core rate, which torch uses
+    for fp32 matmuls by default), or None (with a warning) when it has none."""
+    hw = for_device(device_name)
+    peak = hw.peak_flops.get(column) if hw else None
     if peak is None:
         warnings.warn(f"no datasheet peak for {device_name!r} in {column}: no datasheet MFU "
                       "(set metrics.peak_tflops to give one)", stacklevel=2)
         return None
-    return peak * 1e12
+    return peak
 
 
 @dataclass

@@ -1,0 +1,86 @@
+"""conf/hardware/*.yaml -> one GPU's datasheet, declared once: its memory, its peak FLOP/s per dtype and the
+bandwidth of the links its collectives cross (within a node, across nodes), each file citing its source. Read by
+the datasheet MFU (metrics/flops.py: which file a device is, by its name) and by `ablate.plan --hardware NAME`
+(whether the planned peak fits its memory). A team's own GPU: a YAML file with the same keys, given by path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+
+from ablate import CONF_DIR
+from ablate.config import ConfigError
+
+HARDWARE_DIR = CONF_DIR / "hardware"
+KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_s", "network_gbits_per_s")
+# Parts that share a family name with a file here but run at other clocks and power (H100/H200 NVL, GB200, GH200):
+# no file of theirs, so they get none rather than the SXM/B200 one, which would read their MFU ~15% low. Set
+# metrics.peak_tflops for them, or give ablate.plan a file of their own.
+OTHER_VARIANTS = ("NVL", "GB200", "GH200")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    device_names: Tuple[str, ...]       # torch.cuda.get_device_name() contains one of these (upper case)
+    memory_bytes: float
+    peak_flops: Dict[str, float]        # per dtype column: bf16 | fp8 | fp32
+    nvlink_bytes_per_s: Optional[float]
+    network_bytes_per_s: Optional[float]
+    source: str                         # the file
+
+    def record(self) -> Dict[str, object]:
+        return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_flops": self.peak_flops,
+                "nvlink_bytes_per_s": self.nvlink_bytes_per_s, "network_bytes_per_s": self.network_bytes_per_s,
+                "source": self.source}
+
+
+def load(path: Path) -> Hardware:
+    """One file; a key missing or unknown is one line naming the file and the keys."""
+    try:
+        node = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"--hardware {path}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0]})") \
+            from None
+    unknown, missing = set(node) - set(KEYS), [k for k in KEYS[:4] if k not in node]
+    if unknown or missing or not isinstance(node.get("peak_tflops"), dict):
+        raise ConfigError(f"--hardware {path}: {'unknown ' + ', '.join(sorted(unknown)) if unknown else ''}"
+                          f"{'; ' if unknown and missing else ''}{'missing ' + ', '.join(missing) if missing else ''}"
+                          f"{'peak_tflops must map dtypes to TFLOP/s' if not (unknown or missing) else ''}; "
+                          f"a hardware file has {', '.join(KEYS)}")
+    net = node.get("network_gbits_per_s")
+    nvlink = node.get("nvlink_gbytes_per_s")
+    return Hardware(str(node["name"]), tuple(str(d).upper() for d in node["device_names"]),
+                    float(node["memory_gib"]) * 2**30, {k: float(v) * 1e12 for k, v in node["peak_tflops"].items()},
+                    float(nvlink) * 1e9 if nvlink else None, float(net) * 1e9 / 8 if net else None, str(path))
+
+
+def choices() -> Dict[str, Path]:
+    return {p.stem: p for p in sorted(HARDWARE_DIR.glob("*.yaml"))}
+
+
+def named(name_or_path: str) -> Hardware:
+    """conf/hardware/NAME.yaml, or a file of the user's own."""
+    if name_or_path in choices():
+        return load(choices()[name_or_path])
+    if Path(name_or_path).is_file():
+        return load(Path(name_or_path))
+    raise ConfigError(f"--hardware {name_or_path}: no such hardware; valid: {', '.join(choices())}, or a YAML file "
+                      "of your own with the same keys")
+
+
+def every() -> List[Hardware]:
+    return [load(p) for p in choices().values()]
+
+
+def for_device(device_name: str) -> Optional[Hardware]:
+    """The file a torch.cuda.get_device_name() string is, by its longest matching name ("H100 PCIE" before
+    "H100"), or None."""
+    name = device_name.upper()
+    if any(v in name for v in OTHER_VARIANTS):
+        return None
+    matches = [(len(d), hw) for hw in every() for d in hw.device_names if d in name]
+    return max(matches, key=lambda m: m[0])[1] if matches else None
