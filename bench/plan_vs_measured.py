@@ -1,7 +1,9 @@
 """Planned against measured memory, for every run under the folders given: what `ablate.plan` predicts for the
 run's own overrides (.hydra/overrides.yaml) beside what the run recorded (summary.json: `activation_bytes`, the
-bytes autograd saved at its first micro-step; `state_bytes`, the largest rank's). On a GPU this is the plan's
-check against CUDA's own attention kernels (flash / memory-efficient SDPA).
+bytes autograd saved at its first micro-step; `state_bytes`, the largest rank's; the peak: `peak_bytes_planned`
+beside `peak_bytes_measured`, the step's most live tensor memory - on CUDA the allocator's max allocated - and
+`peak_reserved_bytes_measured`, what the allocator held, against the plan's peak with its GPU allowance). On a
+GPU this is the plan's check against CUDA's own attention kernels (flash / memory-efficient SDPA) and allocator.
 
     .venv/bin/python bench/plan_vs_measured.py RUNS_DIR [RUNS_DIR ...]
 """
@@ -27,7 +29,8 @@ def runs(folders):
 
 def main(folders) -> None:
     print(f"{'run':<48} {'activations planned':>20} {'measured':>12} {'ratio':>6}   {'state planned':>14} "
-          f"{'measured':>12}")
+          f"{'measured':>12}   {'peak planned':>13} {'measured':>12} {'ratio':>6} {'reserved':>12} "
+          f"{'vs peak_bytes':>13}")
     for run_dir, summary, overrides in runs(folders):
         keep = [o for o in overrides if not o.startswith(("hydra.", "train.resume"))]
         try:
@@ -41,7 +44,19 @@ def main(folders) -> None:
                     default=None)
         print(f"{str(run_dir.relative_to(run_dir.parents[1]))[-48:]:<48} {p['activation_bytes'] / 1e6:>17.1f} MB "
               f"{(measured or 0) / 1e6:>9.1f} MB {ratio:>6}   {p['ablate'].total / 1e6:>11.1f} MB "
-              f"{(state or 0) / 1e6:>9.1f} MB")
+              f"{(state or 0) / 1e6:>9.1f} MB   {peak_columns(summary, p)}")
+
+
+def peak_columns(summary, p) -> str:
+    """The run's own planned and measured peak and their ratio; on CUDA its reserved memory against the plan's
+    peak_bytes (tensors + the GPU allowance)."""
+    def mb(n):
+        return f"{n / 1e6:>9.1f} MB" if n else f"{'—':>12}"
+    planned, measured = summary.get("peak_bytes_planned"), summary.get("peak_bytes_measured")
+    reserved = summary.get("peak_reserved_bytes_measured")
+    ratio = f"{summary['peak_ratio']:.3f}" if summary.get("peak_ratio") else "—"
+    vs = f"{reserved / p['peak_bytes']:.3f}" if reserved and p.get("peak_bytes") else "—"
+    return f"{mb(planned):>13} {mb(measured)} {ratio:>6} {mb(reserved)} {vs:>13}"
 
 
 if __name__ == "__main__":
