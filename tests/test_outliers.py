@@ -19,15 +19,17 @@ def aa_run(root, name, arm, repeat, step_s, **summary):
                     {**AA, "repeat": repeat, "arm": arm}, step_time_s=step_s, tokens_per_s=tokens, **summary)
 
 
-def planted(root, slow=None, stall=None):
+def planted(root, slow=None, stall=None, off=None):
     """4 repeats per arm at ~10 ms a step (+-1%); `slow` = (arm, repeat) runs 3x slower; `stall` likewise
-    keeps its median but records a 10 s stall."""
+    keeps its median but records a 10 s stall; `off` likewise ran on a machine 25% under its calibrated speed."""
     jitter = [1.00, 1.01, 0.99, 1.005]
     for r in range(4):
         for arm in ("a", "b"):
             step = 0.010 * jitter[r] * (3.0 if (arm, r) == slow else 1.0)
             extra = {"stalls": [{"step": 51, "seconds": 10.2, "x_median": 1020.0}], "stall_s": 10.19,
                      "tokens_per_s_wall": 500.0} if (arm, r) == stall else {}
+            if (arm, r) == off:
+                extra["machine_speed"] = {"start_ratio": 0.75, "end_ratio": 0.8, "off": True}
             aa_run(root, f"{r}_{arm}", arm, r, step, **extra)
 
 
@@ -93,7 +95,9 @@ def test_the_aa_floor_is_kept_per_host_and_workload_with_its_address_never_from_
     assert list(cached) == [f"{floor['host']}|{floor['workload']}"]
     planted(spoiled, stall=("a", 0))
     again = report.build([spoiled])["noise_floor"]
-    assert "not cached: 1 run(s) with an outlier or a stall: 0_a" in again["from"]
+    assert "not cached: 1 run(s) with an outlier, a stall or a machine off its calibrated speed: 0_a" in again["from"]
+    planted(tmp_path / "off", off=("b", 1))   # the same rule as the report's notes: the machine, not the noise
+    assert "calibrated speed: 1_b" in report.build([tmp_path / "off"])["noise_floor"]["from"]
     planted(tmp_path / "slow", slow=("a", 0))   # one pair x3 apart: an A/A interval too wide to give
     slow_floor = report.build([tmp_path / "slow"])["noise_floor"]
     assert "these runs' A/A gives no interval (n=4 too small" in slow_floor["from"]

@@ -5,9 +5,10 @@
   95% of the time: `pair_spread`.
 - The host's floor: the A/A sweep's (sweeps/aa_noise.yaml) tokens/s interval, kept in
   <cache>/noise_floor.json per host and workload ("<host>|<workload>"), with the date and the directory it
-  came from. An A/A with an outlier or a stall never replaces a floor (it measured the other job, not
-  the noise). Every report's header says which floor it shows, where and when it was measured, and for
-  which workload.
+  came from. An A/A with an outlier, a stall or a run whose machine was more than 10% off its calibrated
+  speed (summary.json's machine_speed) never replaces a floor (it measured the other job, or the machine, not
+  the noise). Every report's header says which floor it shows, where and when it was measured, and for which
+  workload.
 """
 from __future__ import annotations
 
@@ -106,7 +107,9 @@ def floor(groups: List[R.Group], checks, flagged: Dict[str, str]) -> Optional[Di
             unused = f"; these runs' A/A gives no interval ({check.reason if check else 'no tokens/s check'})"
             continue
         every = [r for arm in group.arms.values() for r in arm.runs]
-        spoiled = [r.path.name for r in every if str(r.path) in flagged or r.summary.get("stalls")]
+        # the same rule as every report's: a run whose machine was off its calibrated speed measured the machine
+        spoiled = [r.path.name for r in every if str(r.path) in flagged or r.summary.get("stalls")
+                   or (r.summary.get("machine_speed") or {}).get("off")]
         entry = {"half_width": max(check.ci_high - 1, 1 - check.ci_low), "ci_low": check.ci_low,
                  "ci_high": check.ci_high, "n": check.n, "hardware": check.hardware, "host": host,
                  "workload": workload(every[0]), "measured": _when(every), "dir": str(every[0].path.parent.resolve())}
@@ -114,8 +117,9 @@ def floor(groups: List[R.Group], checks, flagged: Dict[str, str]) -> Optional[Di
             entries[f"{host}|{entry['workload']}"] = entry
             _cache().parent.mkdir(parents=True, exist_ok=True)
             _cache().write_text(json.dumps(entries, indent=1))
-        return {**entry, "from": "these runs" + (f" (not cached: {len(spoiled)} run(s) with an outlier or a "
-                                                 f"stall: {', '.join(spoiled[:3])})" if spoiled else "")}
+        return {**entry, "from": "these runs" + (f" (not cached: {len(spoiled)} run(s) with an outlier, a stall "
+                                                 f"or a machine off its calibrated speed: {', '.join(spoiled[:3])})"
+                                                 if spoiled else "")}
     mine = [e for e in entries.values() if e.get("host") == host]
     if not mine:
         return {"none": unused} if unused else None
