@@ -1,10 +1,11 @@
 """The machine's own speed, per run: a shared or throttled host changes speed under the same load (this 2-core VM:
 x1.5 between consecutive identical runs, no steal time, nothing else running), so a run's timings are judged
 against how fast its machine was then. Rank 0 runs the calibration's own kernel (metrics/peak.py's GEMM probe,
-its size and dtype) briefly before the first step and after the last, and summary.json's `machine_speed` sets
-both rates beside the calibration's (the host's cached measured peak): `start_ratio`, `end_ratio`, and `off`
-when either is more than OFF_BY from 1 (the report names such runs, as it names busy ones). Absent, with the
-reason, where there is no calibration (metrics.gemm_probe=false) or on the other ranks.
+its size, dtype and count) as the measured steps start (after warm-up, before their clock starts) and after the
+last, and summary.json's `machine_speed` sets both rates beside the calibration's (the host's cached measured
+peak): `start_ratio`, `end_ratio`, and `off` when either is more than OFF_BY from 1 (the report names such runs,
+as it names busy ones; an A/A with one never becomes the noise floor). Absent, with the reason, where there is no
+calibration (metrics.gemm_probe=false), on the other ranks, and for a run stopped inside its warm-up.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ablate.metrics.collectors import BuiltIn, Span
 from ablate.precision import numerics
 
 OFF_BY = 0.10        # a machine more than 10% off its calibration: the issue's rule, the noise floor's too
-PROBE_REPEATS = 3    # products timed after one warm-up: a fraction of a second at the calibration's size on CPU
+PROBE_REPEATS = 10   # products timed after 3 warm-ups, as the calibration: ~0.1 s at its size on this CPU
 
 
 class MachineSpeed(BuiltIn):
@@ -28,14 +29,17 @@ class MachineSpeed(BuiltIn):
         self.start_flops: Optional[float] = None
         if self.calibration is None:
             notes["machine_speed"] = "no calibration to compare with: metrics.gemm_probe=false"
-        elif self.main:
+
+    def start(self) -> None:
+        """As the measured steps start (warm-up over: the process settled), before their clock starts."""
+        if self.calibration is not None and self.main and self.start_flops is None:
             self.start_flops = self.probe()
 
     def probe(self) -> float:
-        return F.gemm_probe(self.device, self.dtype, self.n, repeats=PROBE_REPEATS, warmup=2)[0]
+        return F.gemm_probe(self.device, self.dtype, self.n, repeats=PROBE_REPEATS, warmup=3)[0]
 
     def summary(self, span: Span) -> Dict[str, object]:
-        if self.calibration is None or not self.main:
+        if self.calibration is None or not self.main or self.start_flops is None:   # (a run stopped in warm-up)
             return {"machine_speed": None}
         end = self.probe()
         ratios = [x / self.calibration for x in (self.start_flops, end)]

@@ -33,9 +33,10 @@ HOOKS = ("on_micro", "step_begins", "step_ends", "start", "mark", "interval", "l
 def built_in(cfg: AblateConfig, env, feeder, strategy, flop_model, layout, notes: Dict[str, str]) -> List[BuiltIn]:
     """ablate's own figures, one collector per concern, in the order their keys come in a log row."""
     throughput = Throughput(cfg, env, feeder, flop_model, layout, notes)
-    return [Health(env, strategy), Memory(env.device, notes), throughput, DataWait(feeder), Phases(env.device),
-            GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes), Comm(strategy.comm, layout), HostLoad(),
-            MachineSpeed(cfg, env, throughput.peak, notes)]
+    # the machine's speed first: its probe at start precedes the other collectors' readings
+    return [MachineSpeed(cfg, env, throughput.peak, notes), Health(env, strategy), Memory(env.device, notes),
+            throughput, DataWait(feeder), Phases(env.device), GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes),
+            Comm(strategy.comm, layout), HostLoad()]
 
 
 def _merge(into: Dict[str, object], got: Dict[str, object], source: str) -> None:
@@ -107,11 +108,12 @@ class Meter:
         return self.health.consecutive_nonfinite()
 
     def start_measuring(self) -> None:
-        """Warm-up is over: figures from here on count."""
+        """Warm-up is over: figures from here on count (the collectors' start, a probe among them, before the
+        clock)."""
         synchronize(self.device)
-        self._mark()
         for call in self.calls["start"]:
             call()
+        self._mark()
         self.measuring = True
 
     def exclude_from(self, step: int, why: str = "profiled") -> None:
