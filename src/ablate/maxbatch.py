@@ -105,13 +105,10 @@ class Trials:
         if self.budget is None:
             return None
         from ablate.compose import config_of
-        from ablate.model.facts import measure
-        from ablate.train.memory_guard import need_per_rank
+        from ablate.train.memory_guard import over_budget
 
-        cfg = config_of(self.overrides_at(batch))[1]
-        need, what = need_per_rank(cfg, measure(cfg), gpu=False)
-        return f"planned, not run: {what} over the {units.fmt('bytes', self.budget)} budget" \
-            if need > self.budget else None
+        what = over_budget(config_of(self.overrides_at(batch))[1], self.budget)
+        return f"planned, not run: {what} over the {units.fmt('bytes', self.budget)} budget" if what else None
 
     def __call__(self, batch: int) -> bool:
         trial_dir = self.run_dir / "max_batch_trials" / f"batch_{batch:05d}"

@@ -137,13 +137,19 @@ def waited_on(stall: Dict[str, object], blocked: List[Dict[int, float]]):
     does not), when each other rank was blocked over half the stall longer than it; else None."""
     for step in (int(stall["step"]), int(stall["step"]) + 1):
         times = [b.get(step) for b in blocked]
-        if any(t is None for t in times):
-            continue
-        least = min(range(len(times)), key=lambda r: times[r])
-        others = min(t for r, t in enumerate(times) if r != least)
-        if others - times[least] > 0.5 * float(stall["seconds"]):
-            return least, others
+        if all(t is not None for t in times):
+            least = blocked_least(times, float(stall["seconds"]))
+            if least is not None:
+                return least
     return None
+
+
+def blocked_least(times: List[float], seconds: float):
+    """(index, seconds the others were blocked at least) of the one rank blocked over half `seconds` less than
+    every other, else None: the rank the others waited on."""
+    least = min(range(len(times)), key=lambda r: times[r])
+    others = min(t for r, t in enumerate(times) if r != least)
+    return (least, others) if others - times[least] > 0.5 * seconds else None
 
 
 def checkpointed(every: int, steps: int) -> List[int]:
@@ -173,14 +179,13 @@ def between_steps(gaps: List[List[tuple]], per_rank: List[Dict[str, object]], me
         per = [p or (0.0, 0.0, None) for p in found]
         gap = {"step": step, "seconds": longest, "x_median": longest / median, "between_steps": True}
         stopped = stopped_during([p[2] for p in per], continued or [[] for _ in per])
-        least = min(range(len(per)), key=lambda r: per[r][1])
-        others = min(p[1] for r, p in enumerate(per) if r != least)
+        least = blocked_least([p[1] for p in per], longest)
         if stopped is not None:
             r = per_rank[stopped[0]]
             out.append({**gap, "rank": r["rank"], "host": r.get("host"), "stopped": True, "continued_at": stopped[1]})
-        elif others - per[least][1] > 0.5 * longest:
-            r = per_rank[least]
-            out.append({**gap, "rank": r["rank"], "host": r.get("host"), "others_blocked_s": others})
+        elif least is not None:
+            r = per_rank[least[0]]
+            out.append({**gap, "rank": r["rank"], "host": r.get("host"), "others_blocked_s": least[1]})
     return out
 
 

@@ -174,11 +174,17 @@ def kept_by_blocks(saved: SavedTensors, mode) -> float:
     full = saved.by_block
     if not mode:
         return float(sum(full))
-    held = [checkpointing.checkpointed(i, mode) for i in range(len(full))]
-    extra = saved.kept_by_block if mode == "selective" else [0] * len(full)
-    kept = [saved.block_inputs[i] + extra[i] if held[i] else full[i] for i in range(len(full))]
-    recompute = [sum(kept[:i]) + kept[i] + full[i] for i in range(len(full)) if held[i]]
+    kept = kept_per_block(saved, mode)
+    recompute = [sum(kept[:i]) + kept[i] + full[i] for i in range(len(full)) if checkpointing.checkpointed(i, mode)]
     return float(max([sum(kept), *recompute]))
+
+
+def kept_per_block(saved: SavedTensors, mode) -> List[float]:
+    """What each block keeps from forward to its backward (one sequence): everything it saves, or, checkpointed, its
+    input and what selective checkpointing saves."""
+    extra = saved.kept_by_block if mode == "selective" else [0] * len(saved.by_block)
+    return [saved.block_inputs[i] + extra[i] if checkpointing.checkpointed(i, mode) else saved.by_block[i]
+            for i in range(len(saved.by_block))]
 
 
 _MEASURED: Dict[str, ModelFacts] = {}

@@ -23,13 +23,13 @@ gathered sequence (b x s x d per collective), DeepSpeed's own buffers (its bucke
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ablate import parallel
 from ablate.config import AblateConfig, ModelConfig
 from ablate.model import checkpointing
-from ablate.model.facts import ModelFacts
+from ablate.model.facts import ModelFacts, kept_per_block
 from ablate.parallel.mesh import Layout
 
 # On top of the tensors, on a GPU only: the caching allocator's rounding and cache (week-4 C5: fragmentation 2.1%
@@ -60,7 +60,6 @@ class PeakPlan:
     moment: str
     parts: Dict[str, float]
     allowance: float = 0.0
-    moments: List[Dict[str, object]] = field(default_factory=list)
 
     @property
     def bytes(self) -> float:
@@ -85,15 +84,12 @@ class Walk:
         b, mode = cfg.train.batch_size, cfg.model.activation_checkpointing
         self.mode, self.n = mode, len(saved.by_block)
         self.full = [b * x / tp_div for x in saved.by_block]
-        extra = saved.kept_by_block if mode == "selective" else [0] * self.n
-        self.kept = [b * (saved.block_inputs[i] + extra[i]) / tp_div if checkpointing.checkpointed(i, mode)
-                     else self.full[i] for i in range(self.n)]
+        self.kept = [b * x / tp_div for x in kept_per_block(saved, mode)]
         vocab_split = layout.tp if layout.tp > 1 and cfg.parallel.vocab_parallel else 1
-        vocab = b * saved.vocab_bytes / vocab_split
+        self.vocab_saved = b * saved.vocab_bytes / vocab_split
         # outside the blocks and the vocabulary: the final norm's (the built-in plan splits it by sequence) and the
         # head's input (gathered whole: under-counted by (tp - 1) / tp of b x s x d x 2 bytes)
         self.outside = b * (saved.bytes - sum(saved.by_block) - saved.vocab_bytes) / tp_div
-        self.vocab_saved = vocab
         no_copies = self.fsdp and cfg.parallel.param_dtype is not None   # the blocks compute on gathered bf16
         self.copies = [0.0 if no_copies else x / tp_div for x in saved.copies_by_block]
         self.copies_outside = 0.0 if no_copies else saved.copies_outside / tp_div
@@ -108,15 +104,19 @@ class Walk:
         return self.state.grads * numel / (sum(self.numel_block) + self.numel_root)
 
     def unsharded(self, numel: float) -> float:
-        return numel * (2 if self.cfg.parallel.param_dtype == "bf16" else 4) if self.fsdp else 0.0
+        return numel * dtype_bytes(self.cfg.parallel.param_dtype) if self.fsdp else 0.0
 
     def reduce_scatter(self, numel: float) -> float:
         """FSDP's reduce-scatter of one group: its unsharded gradients, the flat input, the output shard."""
         if not self.fsdp:
             return 0.0
-        p, r = (2 if self.cfg.parallel.param_dtype == "bf16" else 4), (2 if self.cfg.parallel.reduce_dtype == "bf16"
-                                                                         else 4)
+        p, r = dtype_bytes(self.cfg.parallel.param_dtype), dtype_bytes(self.cfg.parallel.reduce_dtype)
         return numel * (p + r) + numel * r / self.layout.dp_shard
+
+
+def dtype_bytes(name: Optional[str]) -> int:
+    """Bytes per element of parallel.param_dtype / reduce_dtype (null: the float32 master weights)."""
+    return 2 if name == "bf16" else 4
 
 
 def numels_by_block(facts: ModelFacts, tp: int, n_blocks: int):
@@ -145,8 +145,9 @@ def moments(w: Walk, grad_accum: int) -> List[Moment]:
         held_grads += w.grads_share(w.numel_block[i]) if grad_accum == 1 else 0.0
         before = sum(w.kept[:i])
         own = w.full[i]
-        unsharded = root + w.unsharded(w.numel_block[i]) + (w.unsharded(w.numel_block[i - 1]) if i else 0.0)
-        if not w.cfg.parallel.reshard_after_forward:
+        if w.cfg.parallel.reshard_after_forward:   # this block gathered again, and the one before it prefetched
+            unsharded = root + w.unsharded(w.numel_block[i]) + (w.unsharded(w.numel_block[i - 1]) if i else 0.0)
+        else:                                      # every block kept gathered since forward
             unsharded = root + sum(w.unsharded(x) for x in w.numel_block)
         out.append(Moment(f"block {i}", {**base, "grads": base["grads"] + held_grads,
                                          "activations": w.outside + before + own,
@@ -167,5 +168,4 @@ def plan_peak(cfg: AblateConfig, facts: ModelFacts, layout: Optional[Layout] = N
     walk = moments(Walk(cfg, layout, facts), cfg.train.grad_accum)
     top = max(walk, key=lambda m: m.total)
     return PeakPlan(top.total, top.name, {k: v for k, v in top.parts.items() if v},
-                    allowance(top.total) if gpu else 0.0,
-                    [{"moment": m.name, "bytes": m.total} for m in walk])
+                    allowance(top.total) if gpu else 0.0)

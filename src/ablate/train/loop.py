@@ -93,12 +93,13 @@ class Loop:
         self.meter.excluded["warmup"] = list(range(start_step + 1, first_measured))
         traced = set(self.profiler.traced_steps(start_step + 1))
         tracked = tracked_step(start_step, first_measured, t.steps)
+        left_out = tracked if tracked is not None and tracked >= first_measured else None   # not a warm-up step
         for step in range(start_step + 1, t.steps + 1):
             if step == first_measured:
                 self.meter.start_measuring()
             if step in traced:
                 self.meter.exclude_from(step)
-            if step == tracked and step >= first_measured:
+            if step == left_out:
                 self.meter.exclude_from(step, "memory_tracked")
             self.meter.step_begins(step)
             for hook in self.hooks:
@@ -114,8 +115,7 @@ class Loop:
             self.collect(step)
             self.confirm_saved(step)
             self.profiler.step()
-            if (step in traced and step + 1 not in traced) or (step == tracked and step >= first_measured):
-                # steady steps again
+            if (step in traced and step + 1 not in traced) or step == left_out:   # steady steps again
                 self.meter.include_again()
             row = None
             if step % t.log_every == 0 or step == t.steps:

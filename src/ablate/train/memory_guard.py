@@ -56,6 +56,13 @@ def need_per_rank(cfg: AblateConfig, facts: ModelFacts, gpu: bool):
     return state, f"{fmt('bytes', state)} model state (ablate.plan; activations not measurable)"
 
 
+def over_budget(cfg: AblateConfig, budget_bytes: float) -> Optional[str]:
+    """What one rank's planned peak needs, in words, when it is over `budget_bytes` (without the GPU allowance: a
+    lower bound, so only what cannot fit is pruned: ablate.tune, ablate.maxbatch); else None."""
+    need, what = need_per_rank(cfg, measure(cfg), gpu=False)
+    return what if need > budget_bytes else None
+
+
 def check_memory(cfg: AblateConfig, device_type: str, facts: Optional[ModelFacts] = None) -> None:
     """`facts`: the model measured on fake tensors (model/facts.py), measured here when not given."""
     if cfg.train.skip_memory_check:

@@ -85,19 +85,15 @@ def prune_reason(overrides: List[str], budget_bytes: Optional[float]) -> Optiona
     """Why this configuration cannot fit the budget (the planned peak per rank, ablate.plan's, without the GPU
     allowance), or None: composed as its run would be, nothing started."""
     from ablate.compose import config_of
-    from ablate.model.facts import measure
-    from ablate.train.memory_guard import need_per_rank
+    from ablate.train.memory_guard import over_budget
     from ablate.units import fmt
 
     cfg = config_of(overrides)[1]   # a configuration that cannot be composed is a bad space: said in one line
     if budget_bytes is None:
         return None
-    # without the allowance, a lower bound: pruned only what cannot fit; a trial over the budget that ran anyway
-    # is judged by what it measured
-    need, what = need_per_rank(cfg, measure(cfg), gpu=False)
-    if need > budget_bytes:
-        return f"needs at least {what} per rank, over the {fmt('bytes', budget_bytes)} budget"
-    return None
+    # a trial over the budget that ran anyway is judged by what it measured
+    what = over_budget(cfg, budget_bytes)
+    return f"needs at least {what} per rank, over the {fmt('bytes', budget_bytes)} budget" if what else None
 
 
 def run_trial(trial: Trial, run_dir: Path, objective: str, timeout: Optional[float] = None,
