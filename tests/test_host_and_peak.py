@@ -13,7 +13,7 @@ import torch
 
 from ablate.metrics import host
 from ablate.metrics.peak import forget_this_host, measured_peak, peak_key
-from ablate.report.compare import busy_note, machine_note
+from ablate.report.conditions import busy_note, machine_note
 from conftest import main_in_process
 
 

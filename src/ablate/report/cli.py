@@ -12,23 +12,28 @@ from ablate.report import compare, effects, wandb_view, waterfall
 from ablate.report import output as report_output
 
 
-def main(argv: List[str] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablate.report", description=(
+def parser() -> argparse.ArgumentParser:
+    """`python -m ablate.report`'s options."""
+    p = argparse.ArgumentParser(prog="python -m ablate.report", description=(
         "Claimed vs measured for runs of sweeps/ files, or a comparison of any runs (the knob is inferred "
         "from their configs): effects with 95% intervals over repeats and a verdict per check."))
-    parser.add_argument("dirs", nargs="+", type=cli.in_dir, help="run directories or multirun/sweep directories")
-    parser.add_argument("--out", type=cli.out_dir,
+    p.add_argument("dirs", nargs="+", type=cli.in_dir, help="run directories or multirun/sweep directories")
+    p.add_argument("--out", type=cli.out_dir,
                         help="where report.md/.csv/PNG go (default: the first directory when it "
                         "is a sweep's, else report-<names> beside the first run: a run's own folder is never written)")
-    parser.add_argument("--mixed-hardware", action="store_true",
+    p.add_argument("--mixed-hardware", action="store_true",
                         help="pair runs made on different hardware (refused by default)")
-    parser.add_argument("--confidence", type=cli.share, default=0.95,
+    p.add_argument("--confidence", type=cli.share, default=0.95,
                         help="the intervals' level (default 0.95; ablate.sweeps --repeats auto passes a corrected one)")
-    parser.add_argument("--entity", default=None, help="the W&B entity the workspace spec names (default: the runs' "
+    p.add_argument("--entity", default=None, help="the W&B entity the workspace spec names (default: the runs' "
                         "logger.entity, else $WANDB_ENTITY)")
-    parser.add_argument("--wandb", action="store_true", help="save the W&B workspace of these runs to their project "
+    p.add_argument("--wandb", action="store_true", help="save the W&B workspace of these runs to their project "
                         "(online; after `wandb sync` of offline runs)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return p
+
+
+def main(argv: List[str] = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     missing = [d for d in args.dirs if not d.is_dir()]
     if missing:
         print(f"ablate.report: error: not a directory: {missing[0]}", file=sys.stderr)

@@ -17,6 +17,7 @@ from ablate.report import arithmetic, effects, noise, outliers, plan, sequential
 from ablate.report import output as report_output
 from ablate.report import runs as R
 from ablate.report.adhoc import group_adhoc
+from ablate.report.conditions import busy_note, machine_note
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
               "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
@@ -215,37 +216,6 @@ def layouts(base: List[R.Run], treat: List[R.Run]) -> str:
     """The arms' layouts (runs.Run.layout), "baseline -> treatment" when they differ."""
     a, b = ("/".join(sorted({r.layout for r in arm})) for arm in (base, treat))
     return a if a == b else f"{a} -> {b}"
-
-
-def busy_note(spec: Dict, runs: List[R.Run]) -> str:
-    """Runs measured while other processes used the host's CPU (summary.json's host_load): a timing from them
-    is noise as much as effect. Exact figures (bytes, calls) do not depend on it."""
-    if spec.get("exact"):
-        return ""
-    busy = [(r.path.name, r.summary["host_load"]["other_cpu_frac"]) for r in runs
-            if (r.summary.get("host_load") or {}).get("busy")]
-    if not busy:
-        return ""
-    shown = ", ".join(f"{name} ({frac:.0%})" for name, frac in busy[:3]) + (" ..." if len(busy) > 3 else "")
-    return (f"{len(busy)}/{len(runs)} runs on a busy host (other processes' share of the CPU: {shown}): "
-            "timings there are noise as much as effect")
-
-
-def machine_note(spec: Dict, runs: List[R.Run]) -> str:
-    """Runs whose machine ran more than 10% off its calibration (summary.json's machine_speed: the GEMM probe before
-    the first step and after the last): their timings measure the machine as much as the change."""
-    if spec.get("exact"):
-        return ""
-    off = []
-    for r in runs:
-        speed = r.summary.get("machine_speed") or {}
-        if speed.get("off"):
-            off.append((r.path.name, max((speed["start_ratio"], speed["end_ratio"]), key=lambda x: abs(x - 1))))
-    if not off:
-        return ""
-    shown = ", ".join(f"{name} (x{ratio:.2f})" for name, ratio in off[:3]) + (" ..." if len(off) > 3 else "")
-    return (f"{len(off)}/{len(runs)} runs on a machine more than 10% off its calibrated speed ({shown}): timings "
-            "there measure the machine as much as the change")
 
 
 def _reason(spec, est: stats.Estimate, verdict: str, claimed, expected) -> str:

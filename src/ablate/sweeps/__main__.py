@@ -92,42 +92,47 @@ def batch_search_of(items: List[str]) -> Dict[str, object]:
     return spec
 
 
+def parser() -> argparse.ArgumentParser:
+    """`python -m ablate.sweeps`'s options."""
+    p = argparse.ArgumentParser(prog="python -m ablate.sweeps", description=SWEEPS_DOC.split("\n\n")[1],
+                                     epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
+    p.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
+    p.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
+    p.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
+                        help="a config dir of your own: DIR/sweeps/NAME.yaml are sweeps, DIR/<group>/ choices of "
+                             "every run (as python -m ablate --config-dir)")
+    p.add_argument("--repeats", default="1", help="runs per arm (default 1: no interval), or auto: add "
+                        "repeats until every verdict is decided (report/sequential.py)")
+    p.add_argument("--min-repeats", type=cli.count, default=2, help="with --repeats auto: the first look")
+    p.add_argument("--max-repeats", type=cli.count, default=5, help="with --repeats auto: the last look")
+    p.add_argument("--dir", type=cli.out_dir, help="output folder (default multirun/<names>_<time>)")
+    p.add_argument("--order", choices=("interleaved", "random"), default=None,
+                        help="interleaved (A B, A B, ...: the default) or random blocks (the default of a factorial "
+                             "design: each repeat a block in its own random order)")
+    p.add_argument("--seed", type=cli.count0, default=0, help="seed of --order random")
+    p.add_argument("--run-timeout", type=cli.positive, help="seconds per run (and per batch search); a run past "
+                        "it is killed and named, the sweep goes on")
+    p.add_argument("--until", type=cli.positive, help="a Unix time: runs that would start after it are not run "
+                        "(and named); a run's timeout never passes it")
+    p.add_argument("--batch-search", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
+    p.add_argument("--repeat-side-arms", action="store_true",
+                        help="repeat arms that are neither baseline nor treatment too (default: once)")
+    p.add_argument("--wait-quiet", type=cli.positive, metavar="SECONDS", help="before each run, wait at most this "
+                        "long for the host's CPU to be under 25%% busy (other processes skew timings; each run "
+                        "records host_load either way)")
+    p.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
+                        "first run (every run and sweep here reuses the cached one until the hardware or torch "
+                        "changes)")
+    p.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the sweep's one "
+                        "allocation and return (default: follow it here until its report is written)")
+    return p
+
+
 def _main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m ablate.sweeps", description=SWEEPS_DOC.split("\n\n")[1],
-                                     epilog="example: python -m ablate.sweeps c3_no_sync --repeats 3 -- logger=none")
-    parser.add_argument("names", nargs="*", help="sweeps/ files (week4: all of them); see --list")
-    parser.add_argument("--list", action="store_true", help="list the sweeps with their claim, knob and arms")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
-                        help="a config dir of your own: DIR/sweeps/NAME.yaml are sweeps, DIR/<group>/ choices of "
-                             "every run (as python -m ablate --config-dir)")
-    parser.add_argument("--repeats", default="1", help="runs per arm (default 1: no interval), or auto: add "
-                        "repeats until every verdict is decided (report/sequential.py)")
-    parser.add_argument("--min-repeats", type=cli.count, default=2, help="with --repeats auto: the first look")
-    parser.add_argument("--max-repeats", type=cli.count, default=5, help="with --repeats auto: the last look")
-    parser.add_argument("--dir", type=cli.out_dir, help="output folder (default multirun/<names>_<time>)")
-    parser.add_argument("--order", choices=("interleaved", "random"), default=None,
-                        help="interleaved (A B, A B, ...: the default) or random blocks (the default of a factorial "
-                             "design: each repeat a block in its own random order)")
-    parser.add_argument("--seed", type=cli.count0, default=0, help="seed of --order random")
-    parser.add_argument("--run-timeout", type=cli.positive, help="seconds per run (and per batch search); a run past "
-                        "it is killed and named, the sweep goes on")
-    parser.add_argument("--until", type=cli.positive, help="a Unix time: runs that would start after it are not run "
-                        "(and named); a run's timeout never passes it")
-    parser.add_argument("--batch-search", action="append", default=[], metavar="KEY=VALUE",
-                        help="change a sweep's batch_search (e.g. multiple_of=64, limit=512, start=64)")
-    parser.add_argument("--repeat-side-arms", action="store_true",
-                        help="repeat arms that are neither baseline nor treatment too (default: once)")
-    parser.add_argument("--wait-quiet", type=cli.positive, metavar="SECONDS", help="before each run, wait at most this "
-                        "long for the host's CPU to be under 25%% busy (other processes skew timings; each run "
-                        "records host_load either way)")
-    parser.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
-                        "first run (every run and sweep here reuses the cached one until the hardware or torch "
-                        "changes)")
-    parser.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the sweep's one "
-                        "allocation and return (default: follow it here until its report is written)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     extra = [*use_config_dirs(args.config_dir), *overrides_of(extra)]
     if args.list:
         print(listing())
