@@ -87,6 +87,14 @@ def test_a_point_that_fits_by_its_saved_activations_but_not_its_peak_is_pruned(t
     trials = Trials(workload, tmp_path, budget, steps=2, cuda=False)
     assert trials(4) is False and trials.log[0]["why"].startswith("planned, not run: ")
     assert not (tmp_path / "max_batch_trials").exists()   # nothing was run
+    # the whole search, as typed: every batch ruled out by the plan still leaves its record (~2 s)
+    from ablate.maxbatch import main as maxbatch_main
+
+    record = tmp_path / "search"
+    maxbatch_main(["--mem-budget-gb", f"{budget / 1e9:.3f}", "--start", "4", "--multiple-of", "4", "--",
+                   *workload, "logger=none", f"hydra.run.dir={record}"])
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["max_batch"] is None and summary["trials"][0]["why"].startswith("planned, not run: ")
 
 
 def test_the_plan_says_whether_the_peak_fits_a_gpu(tmp_path, capsys):

@@ -250,6 +250,7 @@ def _write(summary: Dict[str, object], cfg, resolved: Dict, choices: Dict[str, s
 
     from ablate.logger import Tracker
 
+    run_dir.mkdir(parents=True, exist_ok=True)   # (no trial made it when the plan ruled every batch out)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     tracker = Tracker(cfg.logger, run_dir, resolved, choices, is_main=True)
     for row in summary["trials"]:
