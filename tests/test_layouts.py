@@ -22,21 +22,28 @@ def layout(*overrides: str) -> Layout:
 
 
 @pytest.mark.parametrize("overrides, mesh", [
-    (["parallel=fsdp2", "launcher.nproc_per_node=4"], (1, 4, 1)),
-    (["parallel=hsdp", "launcher.nproc_per_node=4", "parallel.shard_size=2"], (2, 2, 1)),
-    (["parallel=hsdp", "launcher.nproc_per_node=4"], (1, 4, 1)),                 # default: one node's ranks
-    (["parallel=hsdp", "launcher.nodes=2"], (2, 1, 1)),                          # 2 nodes x 1 rank
-    (["parallel=fsdp2", "launcher.nproc_per_node=4", "parallel.tp=2"], (1, 2, 2)),
-    (["parallel=hsdp", "launcher.nodes=2", "launcher.nproc_per_node=4", "parallel.tp=2"], (2, 2, 2)),
-    (["parallel=ddp", "launcher.nproc_per_node=4"], (4, 1, 1)),
-    (["parallel=none", "launcher.nproc_per_node=2", "parallel.tp=2"], (1, 1, 2)),
-    (["parallel=zero3", "launcher.nproc_per_node=2"], (1, 2, 1)),
-    (["parallel=none"], (1, 1, 1)),
+    (["parallel=fsdp2", "launcher.nproc_per_node=4"], (1, 1, 4, 1)),
+    (["parallel=hsdp", "launcher.nproc_per_node=4", "parallel.shard_size=2"], (1, 2, 2, 1)),
+    (["parallel=hsdp", "launcher.nproc_per_node=4"], (1, 1, 4, 1)),                 # default: one node's ranks
+    (["parallel=hsdp", "launcher.nodes=2"], (1, 2, 1, 1)),                          # 2 nodes x 1 rank
+    (["parallel=fsdp2", "launcher.nproc_per_node=4", "parallel.tp=2"], (1, 1, 2, 2)),
+    (["parallel=hsdp", "launcher.nodes=2", "launcher.nproc_per_node=4", "parallel.tp=2"], (1, 2, 2, 2)),
+    (["parallel=ddp", "launcher.nproc_per_node=4"], (1, 4, 1, 1)),
+    (["parallel=none", "launcher.nproc_per_node=2", "parallel.tp=2"], (1, 1, 1, 2)),
+    (["parallel=zero3", "launcher.nproc_per_node=2"], (1, 1, 2, 1)),
+    (["parallel=none"], (1, 1, 1, 1)),
+    (["parallel=none", "launcher.nproc_per_node=2", "parallel.pp=2"], (2, 1, 1, 1)),
+    (["parallel=fsdp2", "launcher.nproc_per_node=4", "parallel.pp=2"], (2, 1, 2, 1)),
+    (["parallel=hsdp", "launcher.nproc_per_node=8", "parallel.pp=2", "parallel.tp=2"], (2, 1, 2, 2)),
+    (["parallel=none", "launcher.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2"], (2, 1, 1, 2)),
 ])
 def test_the_layout_is_decoded_once_from_the_parallel_and_launcher_nodes(overrides, mesh):
     got = layout(*overrides)
-    assert got.shape == mesh and got.world == got.dp * got.tp
-    assert [got.dp_rank(r) for r in range(got.world)] == [r // got.tp for r in range(got.world)]
+    assert got.shape == mesh and got.world == got.pp * got.dp * got.tp
+    # a pipeline's stages and a tp group read one data-parallel rank's batches; stages are the outermost dim
+    per_stage = got.dp * got.tp
+    assert [got.dp_rank(r) for r in range(got.world)] == [r % per_stage // got.tp for r in range(got.world)]
+    assert [got.pp_rank(r) for r in range(got.world)] == [r // per_stage for r in range(got.world)]
 
 
 # (overrides, what the one line must say): each refused at compose time, before any rank starts

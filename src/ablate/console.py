@@ -140,9 +140,13 @@ def print_summary(summary: Dict[str, object]) -> None:
     table.add_column("note", overflow="fold", max_width=60)
     notes, invalid = summary.get("notes", {}), summary.get("invalid") or {}
     for key in SUMMARY_ROWS:
+        if key not in summary and key.startswith("pp_"):   # a pipeline's figures, on a pipelined run's table only
+            continue
         value = "[red]invalid" if key in invalid else units.fmt(key, summary.get(key))
         label = f"{key} ({summary['mfu_convention']})" if key == "mfu" and summary.get("mfu_convention") else key
-        table.add_row(label, value, notes.get(key, ""))
+        note = f"expected {units.fmt(key, summary['pp_bubble_expected'])} ({summary['pipeline']['schedule']})" \
+            if key == "pp_bubble" else notes.get(key, "")
+        table.add_row(label, value, note)
     console.print(table)
     if len(summary.get("hosts") or []) > 1:
         console.print("ranks: " + ", ".join(f"{host} {ranks}" for host, ranks in summary["ranks_by_host"].items()))

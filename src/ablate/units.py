@@ -73,6 +73,9 @@ FIGURES = _declare(
     Figure("peak_bytes_planned", "bytes", better="lower", views=("arm",)),
     Figure("peak_ratio", "plain", views=("arm",)),   # measured / planned (model/peak.py)
     Figure("hw_flops_per_token", "flops", "FLOP/token"),
+    # a pipeline's (parallel.pp > 1): the fraction of a step its ranks wait, measured and as its schedule expects
+    Figure("pp_bubble", "share", "%", "lower", "linear", views=("console", "arm")),
+    Figure("pp_bubble_expected", "share", "%", "lower", "linear", views=("arm",)),
 )
 
 

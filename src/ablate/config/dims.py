@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Dict
 
-DIMS = ("dp_replicate", "dp_shard", "tp")
-DIMS_NAMED = " x ".join(DIMS)   # "dp_replicate x dp_shard x tp": what a label's numbers are
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+DIMS_NAMED = " x ".join(DIMS)   # "pp x dp_replicate x dp_shard x tp": what a label's numbers are
 
 
 def label(mesh: Dict[str, int]) -> str:
-    """A mesh record (summary.json's `mesh`) as its sizes in DIMS' order: "2x2x1"."""
-    return "x".join(str(mesh[d]) for d in DIMS)
+    """A mesh record (summary.json's `mesh`) as its sizes in DIMS' order: "1x2x2x1" (a record written before a dim
+    existed has it at 1)."""
+    return "x".join(str(mesh.get(d, 1)) for d in DIMS)
 
 
 def described(mesh: Dict[str, int]) -> str:
-    """A mesh record in words: "dp_replicate 2 x dp_shard 2 x tp 1"."""
-    return " x ".join(f"{d} {mesh[d]}" for d in DIMS)
+    """A mesh record in words: "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1"."""
+    return " x ".join(f"{d} {mesh.get(d, 1)}" for d in DIMS)

@@ -15,6 +15,7 @@ from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
 from ablate.config.models import ModelConfig, model_from_node
 from ablate.config.optims import OptimConfig, optim_from_node
+from ablate.config.schedules import TORCH_CLASS
 from ablate.config.sweep import check_sweep
 
 
@@ -88,6 +89,10 @@ class PrecisionConfig:
         check_ranges(self, "precision")
 
 
+# torch.distributed.pipelining's schedules, by the name parallel.pp_schedule gives them (parallel/pipeline.py)
+PP_SCHEDULES = tuple(TORCH_CLASS)
+
+
 @dataclass
 class ParallelConfig:
     """The layout of the ranks (docs/layouts.md): the data-parallel strategy (`name`), the tensor-parallel degree
@@ -95,6 +100,10 @@ class ParallelConfig:
     DeepSpeed fields apply to zero1/2/3 only."""
     name: str = "none"   # none | ddp | ddp_sync | fsdp2 | hsdp | zero1 | zero2 | zero3
     tp: int = num(1, 1)                  # tensor-parallel degree: ranks that split each layer (the mesh's inner dim)
+    pp: int = num(1, 1)                  # pipeline stages' ranks: the model cut into stages by blocks (outer dim)
+    pp_schedule: str = "1f1b"            # gpipe | 1f1b | interleaved_1f1b | zero_bubble (torch.distributed.pipelining)
+    pp_microbatches: Optional[int] = num(None, 1, null="parallel.pp micro-batches")   # the batch cut for the schedule
+    pp_stages_per_rank: int = num(1, 1)  # v: stages each pp rank holds (interleaved_1f1b, zero_bubble: v > 1)
     # hsdp: data-parallel ranks in one shard group (sharded within, replicated across); null: one node's
     # ranks, launcher.nproc_per_node / tp
     shard_size: Optional[int] = num(None, 1, null="one node's data-parallel ranks")
@@ -122,6 +131,12 @@ class ParallelConfig:
         if self.param_dtype is not None:
             choice("parallel.param_dtype", self.param_dtype, ("bf16", "float32"))
         choice("parallel.reduce_dtype", self.reduce_dtype, ("float32", "bf16"))
+        choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches a pipeline's schedule cuts each batch into (parallel.pp_microbatches, by default pp)."""
+        return self.pp_microbatches or self.pp
 
     @property
     def vocab_parallel(self) -> bool:
@@ -282,8 +297,8 @@ class AblateConfig:
             self.optim = optim_from_node(self.optim)
         check_sweep(self.sweep)   # a sweeps/ file's node: refused before any of its runs trains
         t, world = self.train, self.launcher.world_size
-        if t.global_batch_size is not None:   # over the data-parallel ranks: a tensor-parallel group shares a batch
-            dp = max(1, world // self.parallel.tp)
+        if t.global_batch_size is not None:   # over the data-parallel ranks: a tp group and a pipeline share a batch
+            dp = max(1, world // (self.parallel.tp * self.parallel.pp))
             per_step = dp * t.grad_accum
             if t.global_batch_size % per_step or t.global_batch_size < per_step:
                 raise ConfigError(f"train.global_batch_size={t.global_batch_size}: does not split over "

@@ -4,7 +4,8 @@
   collectives DTensor calls for tensor parallelism (`torch.distributed._functional_collectives`, the module
   DTensor's placements look each function up in at call time) are wrapped by `CollectiveCounter` for the life
   of the run (installed before DeepSpeed captures references to them).
-- Each call's process group names its mesh dim (`dims`: group name -> dp_replicate | dp_shard | tp, from
+- A pipeline's sends (`isend`, as torch.distributed.pipelining issues them) are counted alike, on `pp`.
+- Each call's process group names its mesh dim (`dims`: group name -> pp | dp_replicate | dp_shard | tp, from
   parallel/mesh.py); a call on the default group, or a group the mesh did not make (DeepSpeed's own), counts
   on the dim spanning the world (`default_dim`), else on "other".
 Payload of one call = the bytes of the full buffer it works on: the tensor of an all-reduce or a broadcast,
@@ -25,6 +26,7 @@ from typing import Deque, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+import torch.distributed.distributed_c10d as c10d
 
 from ablate.metrics import steady
 from ablate.metrics.collectors import BuiltIn, Span
@@ -36,6 +38,9 @@ COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "all_gather_single", "_al
 FUNCTIONAL = ("all_reduce", "all_gather_single", "all_gather_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
               "all_to_all_single", "broadcast", "all_gather_single_autograd", "reduce_scatter_single_autograd",
               "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd", "all_to_all_single_autograd")
+# a pipeline's point-to-point sends (torch.distributed.pipelining: P2POp(dist.isend, ...)); a receive is the sender's
+# payload, counted once by the sender. Wrapped where P2POp checks its op, too (c10d's own name: `op is isend`).
+P2P = ("isend",)
 _local = threading.local()
 
 
@@ -135,6 +140,13 @@ class CollectiveCounter:
                 if fn is not None and not getattr(fn, "__ablate_counted__", False):
                     self.originals.append((module, name, fn))
                     setattr(module, name, self._wrap(fn))
+        for name in P2P:
+            fn = getattr(c10d, name)
+            if not getattr(fn, "__ablate_counted__", False):
+                counted = self._wrap(fn)
+                for module in (dist, c10d):
+                    self.originals.append((module, name, getattr(module, name)))
+                    setattr(module, name, counted)
         if not getattr(dist.Work.wait, "__ablate_counted__", False):
             self.originals.append((dist.Work, "wait", dist.Work.wait))
             dist.Work.wait = self._timed_wait(dist.Work.wait)

@@ -2,7 +2,8 @@
 
 A figure is one collector (metrics/collectors.py's `BuiltIn`), listed once in `built_in`: the loss and training's
 health (health.py), speed and MFU (throughput.py), phases and data wait (timing.py), communication (comm.py),
-memory (memory.py), GPU utilisation (gpu_util.py), host load (host.py). The meter keeps what they share: which
+memory (memory.py), GPU utilisation (gpu_util.py), a pipeline's bubble (bubble.py, pp > 1), host load (host.py). The
+meter keeps what they share: which
 steps are measured - after `train.warmup_steps`, and not the steps the profiler traces (`metrics.profile_steps`);
 summary.json says which were left out (`excluded_steps`) and how many counted (`measured_steps`) - and the
 wall-clock seconds of each interval between log steps. The device is synchronised at log steps and at the edges
@@ -17,6 +18,7 @@ from typing import Dict, List, Optional
 import torch
 
 from ablate.config import AblateConfig
+from ablate.metrics.bubble import Bubble
 from ablate.metrics.collectors import BuiltIn, Span
 from ablate.metrics.comm import Comm
 from ablate.metrics.gpu_util import GpuUtil
@@ -34,9 +36,12 @@ def built_in(cfg: AblateConfig, env, feeder, strategy, flop_model, layout, notes
     """ablate's own figures, one collector per concern, in the order their keys come in a log row."""
     throughput = Throughput(cfg, env, feeder, flop_model, layout, notes)
     # the machine's speed first: its probe at start precedes the other collectors' readings
+    p = cfg.parallel
+    bubble = [Bubble(strategy.pipeline.clock, p.pp_schedule, p.pp, p.microbatches, p.pp_stages_per_rank)] \
+        if strategy.pipeline is not None else []
     return [MachineSpeed(cfg, env, throughput.peak, notes), Health(env, strategy), Memory(env.device, notes),
             throughput, DataWait(feeder), Phases(env.device), GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes),
-            Comm(strategy.comm, layout), HostLoad()]
+            Comm(strategy.comm, layout), *bubble, HostLoad()]
 
 
 def _merge(into: Dict[str, object], got: Dict[str, object], source: str) -> None:

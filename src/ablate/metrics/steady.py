@@ -43,9 +43,17 @@ def median_or_none(values: List[float]):
     return statistics.median(values) if values else None
 
 
-def straggler(per_rank: List[Dict[str, object]], factor: float) -> Optional[Dict[str, object]]:
+def straggler(per_rank: List[Dict[str, object]], factor: float, stage_of=None) -> Optional[Dict[str, object]]:
     """The slowest rank by its work before the collective (by its step time when that is missing), when it
-    is over `factor` x the other ranks' median; None otherwise, and with one rank."""
+    is over `factor` x the other ranks' median; None otherwise, and with one rank. `stage_of(rank)`: a pipeline's
+    stage, whose ranks alone do the same work (a later stage's first send comes after its wait, by design):
+    each stage's ranks compared among themselves, the largest slowdown named."""
+    if stage_of is not None:
+        stages = {}
+        for r in per_rank:
+            stages.setdefault(stage_of(r["rank"]), []).append(r)
+        found = [s for s in (straggler(group, factor) for group in stages.values()) if s]
+        return max(found, key=lambda s: s["slowdown"], default=None)
     key = "compute_before_comm_s" if all(r.get("compute_before_comm_s") for r in per_rank) else "step_time_s"
     timed = [r for r in per_rank if r.get(key)]
     if len(timed) < 2:

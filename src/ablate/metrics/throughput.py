@@ -68,13 +68,13 @@ class Throughput(BuiltIn):
         return rates
 
     def rates(self, span: Span, tokens: int, model_flops: float, hw_flops: float) -> Dict[str, object]:
-        """`tokens`: this rank's; the tp ranks of its group trained on the same tokens, so a device's share is 1/tp
-        of them and the job's rate is the data-parallel ranks' sum. No time measured (a run stopped inside its
-        warm-up): every rate None."""
+        """`tokens`: this rank's; the tp ranks of its group and the stages of its pipeline trained on the same
+        tokens, so a device's share is 1/(tp x pp) of them and the job's rate is the data-parallel ranks' sum. No
+        time measured (a run stopped inside its warm-up): every rate None."""
         if not span.seconds:
             return dict.fromkeys(("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "step_time_s",
                                   "mfu", "hfu", "mfu_vs_measured_peak", "mfu_vs_datasheet_peak"))
-        per_device = tokens / span.seconds / self.layout.tp
+        per_device = tokens / span.seconds / self.layout.model_ranks
         model_fpt, hw_fpt = model_flops / max(tokens, 1), hw_flops / max(tokens, 1)   # FLOPs per token
         return {"tokens_per_s": per_device * self.world_size, "tokens_per_s_per_device": per_device,
                 "tflops_per_device": per_device * model_fpt / 1e12, "step_time_s": span.seconds / max(span.steps, 1),

@@ -94,11 +94,14 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None):
         logits = logits_of(self.net(tokens), tokens)
-        if targets is None:
-            return logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        # logits split by vocabulary (a vocab-parallel loss): the loss comes back replicated on the tp ranks
-        return loss.to_local() if hasattr(loss, "to_local") else loss
+        return logits if targets is None else loss_of(logits, targets)
+
+
+def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """ablate's loss: the mean cross-entropy of the logits against the next tokens, in float32."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    # logits split by vocabulary (a vocab-parallel loss): the loss comes back replicated on the tp ranks
+    return loss.to_local() if hasattr(loss, "to_local") else loss
 
 
 def count_params(net: nn.Module, non_embedding: bool = True) -> int:

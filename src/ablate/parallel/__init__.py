@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ablate.config import AblateConfig, ConfigError
+from ablate.parallel import pipeline
 from ablate.parallel.mesh import Layout, decode
 from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
@@ -70,7 +71,7 @@ def layout_of(cfg: AblateConfig) -> Layout:
 
 def check(cfg: AblateConfig, has_cuda: bool) -> None:
     """Combinations that cannot run, refused in one line before launch (each strategy says its own)."""
-    layout_of(cfg)
+    pipeline.check(cfg, layout_of(cfg))
     p = cfg.parallel
     if (p.param_dtype is not None or p.reduce_dtype != "float32") and REGISTRY[p.name].module != "fsdp2":
         raise ConfigError(f"parallel.param_dtype / parallel.reduce_dtype with parallel={p.name}: FSDP2's mixed "
@@ -78,20 +79,27 @@ def check(cfg: AblateConfig, has_cuda: bool) -> None:
     strategy_class(p.name).check(p, Precision(cfg.precision), has_cuda)
 
 
-def build(cfg: AblateConfig, model, device, layout: Layout, mesh):
+def build(cfg: AblateConfig, model, device, layout: Layout, mesh, cut=None):
     """The strategy for `parallel=` over the run's mesh, owning the numerics of `precision=` (see precision.py).
-    fp8 layers are converted first, then tensor parallelism splits the layers (tp.py), then torch.compile (per
-    block), then the strategy wraps the model over the data-parallel dims (torchtitan's order)."""
+    fp8 layers are converted first, then tensor parallelism splits the layers (tp.py), then the model is cut into
+    this rank's pipeline stages (`cut`: model/stages.py's split), then torch.compile (per block), then the strategy
+    wraps the model over the data-parallel dims (torchtitan's order)."""
     prec = Precision(cfg.precision, device)
     model = prec.prepare_model(model)
     if layout.tp > 1:   # (DTensor's import, 0.6 s, paid by the runs that split layers only)
         from ablate.parallel import tp
 
         tp.parallelize(model, cfg.model, mesh["tp"], cfg.parallel.vocab_parallel)
+    if cut is not None:   # this rank's pipeline stages (model/stages.py, outlined before any layer was split)
+        model = cut(model)
     if cfg.train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a
         for block in model.blocks.modules or [model]:   # 16-layer 1B model compiles one block (seconds)
             block.compile()
-    return strategy_class(cfg.parallel.name)(model, cfg.parallel, cfg.train, cfg.optim, prec, device, layout, mesh)
+    strategy = strategy_class(cfg.parallel.name)(model, cfg.parallel, cfg.train, cfg.optim, prec, device, layout,
+                                                 mesh)
+    if cut is not None:   # the schedule owns the step (over the stages as the strategy wrapped them)
+        strategy.pipeline = pipeline.Schedule(strategy.model, cfg, mesh, device)
+    return strategy
 
 
 def plan_bytes(numels: List[int], cfg: AblateConfig, layout: Layout = None,

@@ -22,6 +22,7 @@ from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
 from ablate.metrics.comm import CollectiveCounter, paused
 from ablate.optim import by_mesh, is_dtensor
 from ablate.parallel.mesh import Layout, group_names, world_dim
+from ablate.parallel.pipeline import pp_norm
 from ablate.parallel.state_bytes import Breakdown, optimizer_state_bytes, tensor_bytes
 from ablate.precision import Precision
 
@@ -74,6 +75,7 @@ class Strategy(ABC):
     measured_state: Dict[str, int]
     numerics: Dict[str, object]
     overlap_needs_streams = False    # its overlap of communication relies on device streams (DeepSpeed)
+    pipeline = None                  # parallel.pp > 1: the schedule that owns the step (parallel/pipeline.py)
     # modules every rank of this strategy imports on its way: the local launcher's fork server imports them once
     # for all its ranks (launcher/local.py), instead of each rank paying for them
     rank_imports: Tuple[str, ...] = ()
@@ -187,8 +189,9 @@ class TorchStrategy(Strategy):
         self.comm = CommCounter()
         self.counter = CollectiveCounter(self.comm, group_names(mesh), world_dim(layout)).install() \
             if mesh is not None else None
-        # DTensor parameters (tensor parallelism, FSDP2's shards): each rank writes its own (DCP), not rank 0 alone
-        self.sharded = any(is_dtensor(p) for p in model.parameters())
+        # DTensor parameters (tensor parallelism, FSDP2's shards) or a pipeline's stages: each rank writes its own
+        # (DCP), not rank 0 alone
+        self.sharded = layout.pp > 1 or any(is_dtensor(p) for p in model.parameters())
         self.measured_state: Dict[str, int] = {}
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.numerics = precision.record(torch.float32, torch.float32, self.grad_reduce_dtype,
@@ -214,14 +217,17 @@ class TorchStrategy(Strategy):
     def clip(self) -> torch.Tensor:
         """Total gradient norm (clipped when train.max_grad_norm > 0). Inf/NaN means an overflow. The norm is taken
         per mesh (optim.by_mesh: a user's tp_plan leaves some layers whole, and FSDP2 then shards those over
-        dp_shard and the split ones over dp_shard x tp), each reduced over its own mesh, then combined."""
+        dp_shard and the split ones over dp_shard x tp), each reduced over its own mesh, then combined (and over
+        a pipeline's stages)."""
         max_norm = self.train.max_grad_norm or math.inf
         groups = by_mesh([p for p in self.model.parameters() if p.grad is not None])
-        if len(groups) == 1:   # one mesh: torch's clip as it is
+        if len(groups) == 1 and self.layout.pp == 1:   # one mesh: torch's clip as it is
             norm = torch.nn.utils.clip_grad_norm_(groups[0], max_norm)
             return norm.full_tensor() if is_dtensor(norm) else norm   # sharded gradients: the norm over all
         norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in groups]
         total = torch.stack([n.full_tensor() if is_dtensor(n) else n for n in norms]).norm()
+        if self.layout.pp > 1:   # every stage's gradients: one norm over the pipeline
+            total = pp_norm(total, self.mesh)
         for group in groups:
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total

@@ -44,7 +44,8 @@ class FSDP2(TorchStrategy):
         policy = mixed_precision(parallel)
         for block in model.blocks.modules:   # the model's repeated blocks (model/contract.py), by rule or named
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
+        for root in getattr(model, "stages", None) or [model]:   # a pipeline's stages are each a root (torchtitan)
+            fully_shard(root, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
         self.grad_reduce_dtype = DTYPES[parallel.reduce_dtype]
         super().__init__(model, train, optim_cfg, precision, device, layout, mesh)
         self.numerics["param_dtype"] = str(DTYPES[parallel.param_dtype or "float32"]).removeprefix("torch.")
@@ -64,6 +65,8 @@ class FSDP2(TorchStrategy):
         return Breakdown(4 * n / shard, 4 * n / shard, 8 * n / shard)
 
     def micro_step(self, last: bool):
-        # skip the reduce-scatter on all but the last micro-step (FSDP2's no_sync equivalent)
-        self.model.set_requires_gradient_sync(last)
+        # skip the reduce-scatter on all but the last micro-step (FSDP2's no_sync equivalent; a pipeline's schedule
+        # does it for its micro-batches)
+        if self.pipeline is None:
+            self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()

@@ -1,15 +1,17 @@
-"""The ranks' layout, decoded once: `dp_replicate x dp_shard x tp = world` (torchtitan's ParallelDims).
+"""The ranks' layout, decoded once: `pp x dp_replicate x dp_shard x tp = world` (torchtitan's ParallelDims).
 
 - `tp`:           ranks that split each layer (tensor parallelism, the innermost dim: one node's fast links);
                   a TP group sees the same micro-batch.
 - `dp_shard`:     data-parallel ranks that shard parameters, gradients and optimizer state (fsdp2, zero, and
                   hsdp within a shard group).
 - `dp_replicate`: data-parallel groups that each hold a whole replica (ddp; hsdp across shard groups).
+- `pp`:           pipeline stages (the outermost dim: the least traffic, point to point): each holds a run of
+                  the model's blocks (parallel/pipeline.py); a pipeline's stages see the same batch.
 
 `decode` turns the parallel and launcher nodes into a `Layout` (one-line refusals of what cannot be laid out,
 before any rank starts); `build_mesh` makes it torch's DeviceMesh on each rank. Everything downstream (data
 sharding, tokens counted, communication by dim, checkpoints, the plan, the record) reads the layout, never the
-world size as the data-parallel degree. Ranks are laid out row-major: rank = (r * dp_shard + s) * tp + t.
+world size as the data-parallel degree. Ranks are laid out row-major: rank = ((p * R + r) * S + s) * T + t.
 """
 from __future__ import annotations
 
@@ -25,10 +27,11 @@ class Layout:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    pp: int = 1
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
     @property
     def dp(self) -> int:
@@ -36,12 +39,23 @@ class Layout:
         return self.dp_replicate * self.dp_shard
 
     @property
-    def shape(self) -> Tuple[int, int, int]:
-        return self.dp_replicate, self.dp_shard, self.tp
+    def model_ranks(self) -> int:
+        """Ranks that share one replica's work on the same tokens (its tp splits and pp stages): a device's share
+        of the tokens it trains on."""
+        return self.tp * self.pp
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]:
+        return self.pp, self.dp_replicate, self.dp_shard, self.tp
 
     def dp_rank(self, rank: int) -> int:
-        """Which data-parallel replica's batches this rank reads (the ranks of one TP group read the same)."""
-        return rank // self.tp
+        """Which data-parallel replica's batches this rank reads (the ranks of one TP group and of one pipeline
+        read the same)."""
+        return rank % (self.dp * self.tp) // self.tp
+
+    def pp_rank(self, rank: int) -> int:
+        """This rank's place in its pipeline (stage index, for v = 1)."""
+        return rank // (self.dp * self.tp)
 
     def size(self, dim: str) -> int:
         return dict(zip(DIMS, self.shape))[dim]
@@ -87,11 +101,27 @@ def _check_tp(tp: int, world: int, name: str, model) -> None:
                           "parallel.tp=1")
 
 
+def _check_pp(cfg: AblateConfig, dp_kind: str) -> int:
+    """The world one pipeline stage's ranks make (the launcher's world / pp); refusals of a pp that cannot be."""
+    p, world = cfg.parallel, cfg.launcher.world_size
+    if p.pp == 1:
+        return world
+    if world % p.pp:
+        raise ConfigError(f"parallel.pp={p.pp}: does not divide the world of {world} rank(s) (launcher.nodes x "
+                          f"nproc_per_node); valid choices: {', '.join(map(str, divisors(world)))}")
+    if dp_kind == "replicate" or p.name.startswith("zero"):
+        raise ConfigError(f"parallel={p.name} with parallel.pp={p.pp}: a pipeline's stages are torch modules "
+                          "driven by torch.distributed.pipelining's schedules, which run under FSDP2 (or none) but "
+                          "not inside DDP's or DeepSpeed's engine; valid with pp > 1: parallel=none, fsdp2, hsdp")
+    return world // p.pp
+
+
 def decode(cfg: AblateConfig, dp_kind: str, tp_refused: Optional[str] = None) -> Layout:
     """The layout of `cfg.parallel` on `cfg.launcher`'s ranks; `dp_kind` is how the strategy spreads data-parallel
     ranks (parallel.Choice.dp: single | replicate | shard | hybrid), `tp_refused` why it takes no tensor
     parallelism, if it does not. ConfigError (one line) when it cannot be."""
-    p, world = cfg.parallel, cfg.launcher.world_size
+    p = cfg.parallel
+    world = _check_pp(cfg, dp_kind)
     name = p.name
     if p.tp > 1 and tp_refused:
         raise ConfigError(f"parallel={name} with parallel.tp={p.tp}: {tp_refused}; valid with tp > 1: "
@@ -106,11 +136,11 @@ def decode(cfg: AblateConfig, dp_kind: str, tp_refused: Optional[str] = None) ->
             raise ConfigError(f"parallel={name} with {world} ranks (launcher nodes x nproc_per_node): one data-"
                               f"parallel rank only (parallel.tp={p.tp}); give parallel.tp={world}, or a data-"
                               "parallel strategy: ddp, ddp_sync, fsdp2, hsdp, zero1, zero2, zero3")
-        return Layout(1, 1, p.tp)
+        return Layout(1, 1, p.tp, p.pp)
     if dp_kind == "replicate":
-        return Layout(dp, 1, p.tp)
+        return Layout(dp, 1, p.tp, p.pp)
     if dp_kind == "shard":
-        return Layout(1, dp, p.tp)
+        return Layout(1, dp, p.tp, p.pp)
     return _hybrid(cfg, dp)
 
 
@@ -118,12 +148,12 @@ def _hybrid(cfg: AblateConfig, dp: int) -> Layout:
     """hsdp: shard groups of parallel.shard_size data-parallel ranks (default one node's), replicated across. On one
     rank it is a world of one, as fsdp2 there (the choice matrix runs every strategy so)."""
     p, launcher = cfg.parallel, cfg.launcher
-    shard = p.shard_size if p.shard_size is not None else max(1, launcher.nproc_per_node // p.tp)
+    shard = p.shard_size if p.shard_size is not None else max(1, min(launcher.nproc_per_node // p.tp, dp))
     if dp % shard:
         raise ConfigError(f"parallel.shard_size={shard}: does not divide the {dp} data-parallel rank(s) "
                           f"({launcher.world_size} ranks / parallel.tp={p.tp}); valid choices: "
                           f"{', '.join(map(str, divisors(dp)))}")
-    return Layout(dp // shard, shard, p.tp)
+    return Layout(dp // shard, shard, p.tp, p.pp)
 
 
 def build_mesh(layout: Layout, device_type: str):

@@ -7,21 +7,28 @@ from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+
+def options(model) -> StateDictOptions:
+    """A pipeline's stages hold different parameters on different ranks: the optimizer's param groups are written
+    per parameter (flattened, as torchtitan does), or one rank's groups would be read back by every rank."""
+    return StateDictOptions(flatten_optimizer_state_dict=getattr(model, "stages", None) is not None)
 
 
 def save(model, optimizer, where: Path) -> None:
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options(model))
     with plain_errors():
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(where))
 
 
 def load(model, optimizer, where: Path) -> None:
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options(model))
     state = {"model": model_state, "optimizer": optim_state}
     with plain_errors():
         dcp.load(state, checkpoint_id=str(where))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=options(model))
 
 
 @contextlib.contextmanager

@@ -22,6 +22,9 @@ from ablate.metrics.stopped import Continued
 from ablate.model import checkpointing
 from ablate.train import checkpoint, hooks, signals
 
+PIPELINE_UNCOUNTED = ("parallel.pp > 1: not counted (the schedule runs forward and backward across its micro-batches "
+                      "at once; ablate.plan gives a stage's)")
+
 
 class Diverged(RunStopped):
     """Training diverged (non-finite loss or gradient norm): the run stops in one line, its figures so far still
@@ -53,6 +56,8 @@ class Loop:
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
+        if strategy.pipeline is not None:
+            return self.pipelined_step()
         for micro in range(t.grad_accum):
             x, y = next(self.feeder)
             if self.step_memory is not None:
@@ -73,6 +78,20 @@ class Loop:
             self.meter.clock.end("fwd_bwd")
             self.meter.on_micro(loss)
             self.last_loss = loss
+
+    def pipelined_step(self) -> None:
+        """parallel.pp > 1: the schedule owns the step's forward and backward over its micro-batches
+        (parallel/pipeline.py); its loss is the step's, on every rank of the pipeline."""
+        x, y = next(self.feeder)
+        if self.activation_bytes is None:
+            self.activation_bytes = 0   # (asked once: what autograd saves is not counted inside a schedule)
+            self.meter.notes["activation_bytes"] = PIPELINE_UNCOUNTED
+        self.meter.clock.begin()
+        with self.strategy.autocast():
+            loss = self.strategy.pipeline.step(x, y)
+        self.meter.clock.end("fwd_bwd")
+        self.meter.on_micro(loss)
+        self.last_loss = loss
 
     def saved_for_backward(self, saved: SavedTensors, kept: List[int]) -> int:
         """With activation checkpointing torch's checkpoint keeps each checkpointed block's input out of autograd's
@@ -132,12 +151,15 @@ class Loop:
     def memory_record(self) -> Dict[str, object]:
         """summary.json's measured peak (metrics/step_memory.py), with why where no step was tracked."""
         if self.step_memory is None or self.step_memory.why:
-            self.meter.notes["peak_bytes_measured"] = self.step_memory.why if self.step_memory else NOT_TRACKED
+            self.meter.notes["peak_bytes_measured"] = self.step_memory.why if self.step_memory else \
+                PIPELINE_UNCOUNTED if self.strategy.pipeline is not None else NOT_TRACKED
             return StepMemory.absent()
         return self.step_memory.record()
 
     def tracking_memory(self, tracked: bool):
         if not tracked:
+            return nullcontext()
+        if self.strategy.pipeline is not None:   # MemTracker follows one module's forward and backward, not a schedule
             return nullcontext()
         self.step_memory = StepMemory(self.env.device, self.strategy.model, getattr(self.strategy, "optimizer", None))
         return self.step_memory

@@ -9,7 +9,8 @@ from ablate.config import ConfigError
 from ablate.train.checkpoint import check_complete, newest_whole, read_meta, resolve
 
 # what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
-FIXED = ("model", "precision.name", "optim.name", "optim._target_", "parallel.tp")
+FIXED = ("model", "precision.name", "optim.name", "optim._target_", "parallel.tp", "parallel.pp",
+         "parallel.pp_stages_per_rank")
 CHANGEABLE = ("optim.lr", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.schedule", "optim.warmup_steps",
               "optim.min_lr_ratio", "optim.decay_steps", "train.max_grad_norm",
               # allowed, but the run is no longer the saved one's continuation: another data order, other shapes
@@ -76,7 +77,8 @@ def _global_batch(flat: Dict[str, object], world: int) -> int:
     given = flat.get("train.global_batch_size")
     if given:
         return int(given)
-    dp = max(1, world // int(flat.get("parallel.tp") or 1))   # a tensor-parallel group trains on one batch
+    # a tensor-parallel group, and a pipeline, trains on one batch
+    dp = max(1, world // (int(flat.get("parallel.tp") or 1) * int(flat.get("parallel.pp") or 1)))
     return int(flat.get("train.batch_size") or 0) * int(flat.get("train.grad_accum") or 1) * dp
 
 

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 from pathlib import Path
@@ -21,7 +22,7 @@ from ablate.metrics.collectors import CollectorFailed
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
-from ablate.model import count_params
+from ablate.model import count_params, stages
 from ablate.model.contract import vocab_size_of
 from ablate.model.facts import declared_vocab, flop_model, measure, split_flags
 from ablate.model.peak import plan_peak
@@ -62,7 +63,11 @@ def build(cfg: AblateConfig, env: distributed.DistEnv, layout: Layout, mesh):
                                split_flags(cfg.model, layout.tp, model))   # before the split: as planned
     if env.is_main:   # the planned peak (fake tensors: once per process, the launcher's checks measured it)
         facts["modeled"]["peak_bytes_measured"] = planned_peak(cfg, layout)
-    strategy = parallel.build(cfg, model, env.device, layout, mesh)
+    cut = None
+    if layout.pp > 1:   # where the blocks sit in the forward, read before any layer is split (model/stages.py)
+        cut = functools.partial(stages.split, plan=stages.outline(model, cfg.model.name), cfg=cfg,
+                                pp_rank=layout.pp_rank(env.rank))
+    strategy = parallel.build(cfg, model, env.device, layout, mesh, cut)
     return facts, strategy, blocks
 
 
@@ -88,6 +93,12 @@ def peak_figures(per_rank, planned: Optional[float]) -> Dict[str, object]:
     measured = max((r["peak_bytes_measured"] for r in per_rank if r.get("peak_bytes_measured")), default=None)
     return {"peak_bytes_measured": measured, "peak_bytes_planned": planned,
             "peak_ratio": measured / planned if measured and planned else None}
+
+
+def pipeline_figures(per_rank) -> Dict[str, object]:
+    """A pipeline's bubble: the mean of its ranks' (each rank's in per_rank)."""
+    bubbles = [r["pp_bubble"] for r in per_rank if r.get("pp_bubble") is not None]
+    return {"pp_bubble": sum(bubbles) / len(bubbles)} if bubbles else {}
 
 
 def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
@@ -183,6 +194,7 @@ def rank_record(env, summary: Dict[str, object], strategy, loop: Loop) -> Dict[s
             **{k: summary[k] for k in ("comm_exposed_s", "tokens_per_s_per_device", "step_time_s", "step_time_p90_s",
                                        "compute_before_comm_s", "mem_peak_bytes", "comm_bytes_per_step",
                                        "peak_bytes_measured")},
+            **({"pp_bubble": summary["pp_bubble"]} if "pp_bubble" in summary else {}),
             "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
             "long_gaps": meter.long_gaps(), "continued_at": loop.continued.at, **meter.host.rank_figures()}
 
@@ -199,7 +211,9 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
         "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
         "slurm": ranks.slurm_job(),
         **peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
-        "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor),
+        "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor,
+                                      layout.pp_rank if layout.pp > 1 else None),
+        **pipeline_figures(per_rank),
         # (drops the ranks' long_steps and long_gaps)
         "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
                                     steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
