@@ -29,7 +29,7 @@ from ablate.config import AblateConfig
 from ablate.config import arguments as cli
 from ablate.config.dims import described
 from ablate.model.facts import measure
-from ablate.model.peak import plan_peak
+from ablate.model.peak import by_stage, plan_peak
 from ablate.parallel.state_bytes import Breakdown
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
@@ -54,11 +54,14 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
     nominal = NOMINAL_PARAMS.get(cfg.model.name, n)
     stage = parallel.choice(cfg.parallel.name).shards_like_stage
     peak = plan_peak(cfg, facts, layout)
+    # a pipeline: the most loaded stage's rank (model/peak.py)
+    shares = [share for share, _ in by_stage(cfg, layout, facts)] if layout.pp > 1 and facts.saved else [facts]
+    state = max((parallel.plan_bytes(s.numels, cfg, layout, s.split) for s in shares), key=lambda b: b.total)
     return {"model": cfg.model.name, "params": n, "nominal_params": nominal, "world_size": world,
             "parallel": cfg.parallel.name, "precision": cfg.precision.name, "mesh": layout.record(),
             "article": article(nominal, world), "article_total": 12 * nominal,
             "zero_paper": zero_paper(nominal, world, stage), "zero_paper_total": 16 * nominal,
-            "ablate": parallel.plan_bytes(numels, cfg, layout, facts.split), "activation_bytes": facts.activation_bytes,
+            "ablate": state, "activation_bytes": facts.activation_bytes,
             "activation_source": facts.activation_source,
             "activation_checkpointing": cfg.model.activation_checkpointing,
             "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens",

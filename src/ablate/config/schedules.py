@@ -19,8 +19,6 @@ MULTI_STAGE = ("interleaved_1f1b", "zero_bubble")
 SOURCES = {"gpipe": "Huang et al. 2019 (GPipe)", "1f1b": "Narayanan et al. 2021, section 2.2.1",
            "interleaved_1f1b": "Narayanan et al. 2021, section 2.2.2",
            "zero_bubble": "Qi et al. 2023 (ZB-H1: a third of 1F1B's)"}
-# micro-batches in flight on the first stage, whose activations it keeps (Narayanan et al. 2021, 2.2.1: GPipe keeps
-# all m, 1F1B at most p; interleaved 1F1B's first rank keeps about p of each of its v stages' micro-batches)
 
 
 def expected(schedule: str, p: int, m: int, v: int = 1) -> float:
@@ -31,8 +29,15 @@ def expected(schedule: str, p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (work + p - 1)
 
 
-def in_flight(schedule: str, p: int, m: int, v: int = 1) -> int:
-    """Micro-batches whose activations the most loaded stage (the first) holds at once."""
+def in_flight(schedule: str, p: int, m: int, v: int, rank: int) -> float:
+    """Micro-batches whose activations pp rank `rank` holds at once, counted through all its v stages: GPipe runs
+    every forward first (m); 1F1B's rank r runs p - r forwards before its first backward (Narayanan et al. 2021,
+    2.2.1); the interleaved schedules' warm-up is torch's (`_get_warmup_ops`: (v - 1) x the micro-batches of a
+    round + 2 per hop from the last rank), each a forward through one of its v stages."""
     if schedule == "gpipe":
-        return m
-    return min(m * v, p * v) if schedule in MULTI_STAGE else min(m, p)
+        return float(m)
+    if schedule not in MULTI_STAGE:
+        return float(min(m, p - rank))
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    return min(warmup + 1, m * v) / v

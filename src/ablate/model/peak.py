@@ -23,11 +23,13 @@ gathered sequence (b x s x d per collective), DeepSpeed's own buffers (its bucke
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
 from ablate import parallel
 from ablate.config import AblateConfig, ModelConfig
+from ablate.config.schedules import in_flight
 from ablate.model import checkpointing
 from ablate.model.facts import ModelFacts, kept_per_block
 from ablate.parallel.mesh import Layout
@@ -77,23 +79,27 @@ def allowance(tensors: float) -> float:
 class Walk:
     """The figures one step's moments are made of, per rank (see the module's docstring)."""
 
-    def __init__(self, cfg: AblateConfig, layout: Layout, facts: ModelFacts):
+    def __init__(self, cfg: AblateConfig, layout: Layout, facts: ModelFacts, held: Optional[float] = None):
+        """`held`: under a pipeline, the sequences whose activations the stage holds at once (else the batch); the
+        loss's tensors are one micro-batch's."""
         self.cfg, self.layout, saved = cfg, layout, facts.saved
         self.state = parallel.plan_bytes(facts.numels, cfg, layout, facts.split)
         tp_div = layout.tp if isinstance(cfg.model, ModelConfig) else 1   # a user's model was measured as one rank
-        b, mode = cfg.train.batch_size, cfg.model.activation_checkpointing
+        mode, micro = cfg.model.activation_checkpointing, cfg.train.batch_size // cfg.parallel.microbatches
+        b = held if held is not None else cfg.train.batch_size
         self.mode, self.n = mode, len(saved.by_block)
         self.full = [b * x / tp_div for x in saved.by_block]
         self.kept = [b * x / tp_div for x in kept_per_block(saved, mode)]
         vocab_split = layout.tp if layout.tp > 1 and cfg.parallel.vocab_parallel else 1
-        self.vocab_saved = b * saved.vocab_bytes / vocab_split
+        self.vocab_saved = (micro if held is not None else b) * saved.vocab_bytes / vocab_split
         # outside the blocks and the vocabulary: the final norm's (the built-in plan splits it by sequence) and the
         # head's input (gathered whole: under-counted by (tp - 1) / tp of b x s x d x 2 bytes)
         self.outside = b * (saved.bytes - sum(saved.by_block) - saved.vocab_bytes) / tp_div
         no_copies = self.fsdp and cfg.parallel.param_dtype is not None   # the blocks compute on gathered bf16
         self.copies = [0.0 if no_copies else x / tp_div for x in saved.copies_by_block]
         self.copies_outside = 0.0 if no_copies else saved.copies_outside / tp_div
-        self.loss_grad = LOSS_TENSORS * b * cfg.train.seq_len * facts.vocab_size * 4 / vocab_split
+        self.loss_grad = LOSS_TENSORS * (micro if held is not None else b) * cfg.train.seq_len * facts.vocab_size * \
+            4 / vocab_split if saved.vocab_bytes else 0.0
         self.numel_block, self.numel_root = numels_by_block(facts, layout.tp, self.n)
 
     @property
@@ -159,13 +165,51 @@ def moments(w: Walk, grad_accum: int) -> List[Moment]:
     return out
 
 
+def by_stage(cfg: AblateConfig, layout: Layout, facts: ModelFacts):
+    """Under a pipeline, the first and the last pp rank's share of the model (the most loaded is one of them: the
+    first holds the most micro-batches, the last the head and the loss), each with the sequences whose activations
+    it holds at once (config/schedules.py)."""
+    p = cfg.parallel
+    micro = cfg.train.batch_size // p.microbatches
+    for rank in sorted({0, p.pp - 1}):
+        held = micro * in_flight(p.pp_schedule, p.pp, p.microbatches, p.pp_stages_per_rank, rank)
+        yield stage_share(facts, p.pp, p.pp_stages_per_rank, rank), held
+
+
+def stage_share(facts: ModelFacts, pp: int, v: int, rank: int) -> ModelFacts:
+    """The parameters and saved tensors pp rank `rank` holds: its stages' blocks (stage s on rank s % pp); what
+    comes before the blocks (the embedding) on the first rank, what comes after (norm, head, loss) on the last."""
+    n = len(facts.saved.by_block)
+    per = n // (pp * v)
+    owned = [b for s in range(rank, pp * v, pp) for b in range(s * per, (s + 1) * per)]
+    first = rank == 0
+    last = rank == pp - 1
+    blocks = facts.param_block or [None] * len(facts.numels)
+    first_block_param = next((i for i, b in enumerate(blocks) if b is not None), len(blocks))
+    keep = [i for i, b in enumerate(blocks)
+            if (b in owned if b is not None else (first if i < first_block_param else last))]
+    renumber = {b: j for j, b in enumerate(owned)}
+    saved = copy.copy(facts.saved)
+    for name in ("by_block", "block_inputs", "copies_by_block", "kept_by_block"):
+        if getattr(saved, name, None) is not None:
+            setattr(saved, name, [getattr(facts.saved, name)[b] for b in owned])
+    outside = facts.saved.bytes - sum(facts.saved.by_block) - facts.saved.vocab_bytes
+    saved.vocab_bytes = facts.saved.vocab_bytes if last else 0
+    saved.copies_outside = facts.saved.copies_outside if last else 0
+    saved.bytes = sum(saved.by_block) + saved.vocab_bytes + (outside if last else 0)
+    return replace(facts, numels=[facts.numels[i] for i in keep],
+                   split=[facts.split[i] for i in keep] if facts.split else None, saved=saved,
+                   param_block=[renumber.get(blocks[i]) for i in keep])
+
+
 def plan_peak(cfg: AblateConfig, facts: ModelFacts, layout: Optional[Layout] = None,
               gpu: bool = True) -> Optional[PeakPlan]:
     """The planned peak per rank; None where the model's activations could not be measured (facts.saved)."""
     if facts.saved is None:
         return None
     layout = layout or parallel.layout_of(cfg)
-    walk = moments(Walk(cfg, layout, facts), cfg.train.grad_accum)
-    top = max(walk, key=lambda m: m.total)
+    walks = [Walk(cfg, layout, stage, held) for stage, held in by_stage(cfg, layout, facts)] \
+        if layout.pp > 1 else [Walk(cfg, layout, facts)]
+    top = max((m for w in walks for m in moments(w, cfg.train.grad_accum)), key=lambda m: m.total)
     return PeakPlan(top.total, top.name, {k: v for k, v in top.parts.items() if v},
                     allowance(top.total) if gpu else 0.0)

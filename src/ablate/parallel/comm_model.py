@@ -14,7 +14,10 @@ metrics/comm.py counts them: the full buffer of each collective (an all-gather's
   values per token (b x s x 3; parallel.loss_parallel=false: the logits gathered whole, b x s x vocab);
   the norms' weight gradients (2 per block + the final one, dim each) are all-reduced. The gradient norm's few
   scalar all-reduces are left out.
-ZeRO's own bucketing is not modelled (None).
+- pp (the built-in Llama): rank 0's sends. Each micro-batch's hidden state (b / m x s x dim, float32: the residual
+  stream; / tp, cut along the sequence under TP) leaves each of its v stages forward, and its gradient goes back
+  from each stage but the first: m x (2v - 1) x that, plus the gradient norm's one value summed over the stages.
+ZeRO's own bucketing is not modelled (None); nor, under a pipeline, the other dims (a stage's share of the layers).
 """
 from __future__ import annotations
 
@@ -55,12 +58,22 @@ def tp_bytes(cfg: AblateConfig) -> Optional[float]:
     return t.grad_accum * per_micro
 
 
+def pp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    if not isinstance(m, ModelConfig):
+        return None
+    hidden = t.batch_size * t.seq_len * m.dim * FP32 / layout.tp   # one step's micro-batches through one stage
+    return (2 * p.pp_stages_per_rank - 1) * hidden + FP32
+
+
 def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str, Optional[float]]:
     """{mesh dim: bytes per optimizer step} for the dims of more than one rank (None: not modelled)."""
     zero = cfg.parallel.name.startswith("zero")
     out: Dict[str, Optional[float]] = {}
     for dim in layout.active_dims():
-        if zero:
+        if dim == "pp":
+            out[dim] = pp_bytes(cfg, layout)
+        elif zero or layout.pp > 1:
             out[dim] = None
         elif dim == "dp_shard":
             out[dim] = dp_shard_bytes(cfg, layout, n_params)

@@ -75,7 +75,9 @@ def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int, split=None
     """summary.json's `modeled`: what the plan (state bytes per rank) and the comm model (bytes per step on each
     mesh dim) predict for this run's figures, keyed as the report reads them (a sweep's "expected here")."""
     comm = {f"comm_bytes_by_dim.{d}": v for d, v in expected_comm(cfg, layout, n_params).items()}
-    return {"state_bytes_total": parallel.plan_bytes(numels, cfg, layout, split).total, **comm}
+    # a pipeline's rank holds its stages' share (ablate.plan plans it per stage; not here, from the whole model)
+    state = parallel.plan_bytes(numels, cfg, layout, split).total if layout.pp == 1 else None
+    return {"state_bytes_total": state, **comm}
 
 
 def planned_peak(cfg: AblateConfig, layout: Layout) -> Optional[float]:
