@@ -46,6 +46,8 @@ def losses(run_dir) -> list:
     (["parallel.pp=2", "launcher.nproc_per_node=2", "model.tie_embeddings=true"], "tied embeddings"),
     (["parallel.pp=2", "launcher.nproc_per_node=2", "train.grad_accum=2"], "give parallel.pp_microbatches instead"),
     (["parallel.pp=2", "launcher.nproc_per_node=2", "train.seq_len_min=16"], "train.seq_len_min=16 with"),
+    (["parallel=fsdp2", "parallel.pp=2", "launcher.nproc_per_node=4", "parallel.pp_schedule=zero_bubble",
+      "parallel.pp_stages_per_rank=2", "model.n_layers=4"], "zero_bubble with parallel=fsdp2"),
     (["parallel.pp_microbatches=4"], "parallel.pp_microbatches=4: a pipeline's setting, with parallel.pp=1"),
     (["parallel.pp=2", "parallel.pp_schedule=looped"], "parallel.pp_schedule=looped: not a valid choice"),
 ])

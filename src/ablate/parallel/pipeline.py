@@ -59,6 +59,10 @@ def _check_run(cfg: AblateConfig, v: int) -> None:
     if t.seq_len_min is not None:
         raise ConfigError(f"train.seq_len_min={t.seq_len_min} with parallel.pp={p.pp}: a stage's buffers take the "
                           "first batch's shape; valid: train.seq_len_min=null")
+    if p.pp_schedule == "zero_bubble" and p.name != "none":   # checked: pp2 x fsdp2's loss parts from step 2
+        raise ConfigError(f"parallel.pp_schedule=zero_bubble with parallel={p.name}: its weight gradients are "
+                          "computed after FSDP2 has reduced the stage's gradients (the loss differs from one rank's); "
+                          "valid: zero_bubble with parallel=none, or another schedule")
     if t.compile and p.pp_schedule == "zero_bubble":
         raise ConfigError("train.compile=true with parallel.pp_schedule=zero_bubble: torch's split backward does "
                           "not run compiled blocks; valid: train.compile=false, or another schedule")
