@@ -112,6 +112,7 @@ def test_a_pipeline_under_fsdp2_resumes_to_the_uninterrupted_loss(tmp_path, caps
 
 
 @pytest.mark.slow
+@pytest.mark.serial   # a timing: alone, after the parallel part
 def test_gpipes_measured_bubble_is_near_its_expected_one(tmp_path):
     """GPipe, pp 2, m = 4: (p - 1) / (m + p - 1) = 0.2 expected; measured within 0.1 on a model whose blocks
     dominate a step (dim 384, 128 tokens)."""
@@ -123,3 +124,27 @@ def test_gpipes_measured_bubble_is_near_its_expected_one(tmp_path):
     assert summary["pp_bubble_expected"] == pytest.approx(0.2)
     assert abs(summary["pp_bubble"] - 0.2) < 0.1, [r["pp_bubble"] for r in summary["per_rank"]]
     assert torch.tensor([r["pp_bubble"] for r in summary["per_rank"]]).min() > 0
+
+
+def test_the_readmes_model_is_refused_for_its_residual_outside_the_blocks(monkeypatch, capsys, tmp_path, user_files):
+    """MLPLM adds each block's residual in its own forward (`h = h + block(h)`): no stage could take it on."""
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    code = main_in_process(monkeypatch, ["--config-dir", str(user_files.config_dir), "model=mine", "parallel.pp=2",
+                                         "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "a residual added outside the blocks" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_your_models_are_cut_by_their_blocks(tmp_path, user_files, monkeypatch):
+    """A nanoGPT-style model (blocks named `h`, learned positions read as a weight) and a transformers Llama: pp2
+    trains the one rank's loss (fp32, 6 steps; +15 s)."""
+    monkeypatch.setenv("PYTHONPATH", user_files.env["PYTHONPATH"])
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    for name, model in (("gpt", ["--config-dir", str(user_files.config_dir), "model=gpt_tp"]),
+                        ("hf", ["model=hf", f"model.config={user_files.hf_config}"])):
+        common = [*model, "train.steps=6", "train.warmup_steps=1", "train.log_every=1"]
+        assert run(tmp_path / f"{name}_one", common) == 0
+        assert run(tmp_path / f"{name}_pp", [*common, "parallel.pp=2", "launcher.nproc_per_node=2"]) == 0
+        assert losses(tmp_path / f"{name}_pp") == pytest.approx(losses(tmp_path / f"{name}_one"), rel=1e-4), name

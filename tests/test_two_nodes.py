@@ -47,8 +47,9 @@ def single_process(tmp_path_factory):
 
 
 # hsdp on 2 nodes x 1 rank: one shard group per node (shard_size = the node's 1 rank), replicated across the nodes
-MESH = {"ddp": {"dp_replicate": 2, "dp_shard": 1, "tp": 1}, "hsdp": {"dp_replicate": 2, "dp_shard": 1, "tp": 1},
-        "zero3": {"dp_replicate": 1, "dp_shard": 2, "tp": 1}}
+MESH = {"ddp": {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 1},
+        "hsdp": {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 1},
+        "zero3": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1}}
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "hsdp", "zero3"])
@@ -68,6 +69,19 @@ def test_two_nodes_train_one_rank_each_and_match_one_process(tmp_path, single_pr
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [2, 4, 6]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == \
         ["ablate.log", "config.yaml", "metrics.jsonl", "slurm", "summary.json"]
+
+
+def test_a_pipeline_puts_a_stage_on_each_node(tmp_path, capsys):
+    """parallel.pp=2 on 2 nodes x 1 rank: the embedding and block 0 on node1, block 1 and the head on node2; the
+    activations and gradients cross the hosts on the pp dim (+25 s)."""
+    result = cli_in_process(capsys, [*TWO_NODES, "parallel.pp=2", *SHORT, "launcher.wait=true",
+                                     f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["ranks_by_host"] == {"node1": [0], "node2": [1]}
+    assert summary["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    assert summary["comm_bytes_by_dim"]["pp"] > 0 and summary["pipeline"]["schedule"] == "1f1b"
+    assert all(0 <= r["pp_bubble"] < 1 for r in summary["per_rank"])
 
 
 def test_a_preempted_two_node_job_resumes_with_every_step_exactly_once(tmp_path):

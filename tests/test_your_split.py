@@ -122,7 +122,8 @@ def test_a_fused_qkv_split_wrongly_is_caught_and_split_right_trains_the_same(che
     assert code == 1 and "different: the losses part at step 1" in said, said
     code, said, summary = checked("gpt_tp", "parallel=fsdp2", "parallel.tp=2", "launcher.nproc_per_node=4")
     assert code == 0 and "same: 4 steps" in said, said
-    assert summary["mesh"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2} and summary["comm_bytes_by_dim"]["tp"] > 0
+    assert summary["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert summary["comm_bytes_by_dim"]["tp"] > 0
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from ablate import data
 from ablate.config import AblateConfig, RunFailed, RunStopped
 from ablate.launcher import failures
+from ablate.model import stages
 from ablate.model.facts import measure
 from ablate.parallel import strategy_class
 from ablate.train import memory_guard, signals
@@ -40,6 +41,7 @@ def check(cfg: AblateConfig) -> None:
     if kind == "cuda":
         check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())
     train.check_runnable(cfg, torch.device(kind))
+    stages.check(cfg)        # a pipeline's cut of the model (its blocks in turn), on the meta device
     facts = measure(cfg)     # the model on fake tensors: its vocabulary, parameters and activations
     data.check(cfg.data, cfg.train.seq_len, facts.vocab_size, cfg.train.batch_size)
     memory_guard.check_memory(cfg, kind, facts)

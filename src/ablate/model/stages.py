@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ablate.config import AblateConfig, ConfigError
+from ablate.model import build
 from ablate.model.contract import Blocks, LanguageModel, logits_of, loss_of
 
 
@@ -39,6 +40,12 @@ class Outline:
 def _refuse(model_name: str, why: str) -> ConfigError:
     return ConfigError(f"parallel.pp > 1 with model={model_name}: {why}; a pipeline cuts a model whose forward runs "
                        "its blocks one after another (docs/layouts.md, \"Pipelines\"), or use parallel.pp=1")
+
+
+def check(cfg: AblateConfig) -> None:
+    """A model a pipeline cannot cut, refused before any rank starts (its outline on the meta device)."""
+    if cfg.parallel.pp > 1:
+        outline(build(cfg.model, "meta"), cfg.model.name)
 
 
 def outline(model: LanguageModel, name: str) -> Outline:
@@ -77,7 +84,8 @@ def _read(calls: List[tuple], n: int, path: str, holders: Dict[str, nn.Module], 
     previous = None
     for _kind, _, args, out in calls[first:last + 1]:
         if previous is not None and (not args or args[0] is not previous):
-            raise _refuse(name, "a block's input is not the previous block's output")
+            raise _refuse(name, "a block's input is not the previous block's output (a residual added outside the "
+                                "blocks, `h = h + block(h)`, is: move it inside the block)")
         previous = out[0] if isinstance(out, (tuple, list)) else out
     result = Outline(path)
     for _kind, module_name, _, out in calls[:first]:
