@@ -13,7 +13,7 @@ from torch import nn
 from ablate.config import ConfigError
 from ablate.model.contract import Blocks, LanguageModel
 from ablate.model.stages import outline
-from conftest import launch_in_process, main_in_process, read_jsonl
+from conftest import drive_in_process, launch_in_process, main_in_process, read_jsonl
 
 TINY4 = ["model=tiny", "model.n_layers=4", "train.steps=6", "train.warmup_steps=1", "train.log_every=1"]
 
@@ -82,8 +82,8 @@ def test_a_model_whose_forward_is_not_its_blocks_in_turn_is_refused():
 
 @pytest.mark.slow
 def test_every_schedule_trains_the_unsplit_models_loss(tmp_path):
-    """pp2 on 2 ranks under each schedule (v = 2 for the interleaved ones) against one rank: fp32, relative 1e-4.
-    Checked by hand as well: pp2 x fsdp2 (4 ranks) = fsdp2 on 2, pp2 x tp2 = tp2 (docs/layouts.md)."""
+    """pp2 on 2 ranks under each schedule (v = 2 for the interleaved ones) against one rank: fp32, relative 1e-4;
+    pp2 x tp2 on 4 ranks too (2e-3, tensor parallelism's reductions in another order)."""
     assert run(tmp_path / "one", TINY4) == 0
     one = losses(tmp_path / "one")
     for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 2)):
@@ -95,13 +95,18 @@ def test_every_schedule_trains_the_unsplit_models_loss(tmp_path):
         assert summary["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
         assert summary["comm_bytes_by_dim"]["pp"] > 0 and summary["tokens_per_step"] == 8 * 64
         assert summary["pipeline"]["schedule"] == name and 0 <= summary["pp_bubble"] < 1
+    assert run(tmp_path / "tp", [*TINY4, "parallel.pp=2", "parallel.tp=2", "launcher.nproc_per_node=4"]) == 0
+    assert losses(tmp_path / "tp") == pytest.approx(one, rel=2e-3)
 
 
 @pytest.mark.slow
 def test_a_pipeline_under_fsdp2_resumes_to_the_uninterrupted_loss(tmp_path, capsys):
-    """pp2 x fsdp2 on 4 ranks: a checkpoint at step 3, resumed to 6, equals 6 steps straight; another pp refused."""
+    """pp2 x fsdp2 on 4 ranks: the loss of fsdp2 on 2 ranks; a checkpoint at step 3, resumed to 6, equals 6 steps
+    straight; another pp refused."""
     layout = [*TINY4, "parallel=fsdp2", "parallel.pp=2", "launcher.nproc_per_node=4", "parallel.pp_microbatches=4"]
     assert run(tmp_path / "whole", layout) == 0
+    assert run(tmp_path / "fsdp2", [*TINY4, "parallel=fsdp2", "launcher.nproc_per_node=2"]) == 0
+    assert losses(tmp_path / "whole") == pytest.approx(losses(tmp_path / "fsdp2"), rel=1e-4)
     assert run(tmp_path / "cut", [*layout, "train.steps=3", "train.checkpoint_every=3"]) == 0
     assert run(tmp_path / "cut", [*layout, f"train.resume={tmp_path / 'cut'}"]) == 0
     assert losses(tmp_path / "cut") == pytest.approx(losses(tmp_path / "whole"), rel=1e-5)
@@ -148,3 +153,18 @@ def test_your_models_are_cut_by_their_blocks(tmp_path, user_files, monkeypatch):
         assert run(tmp_path / f"{name}_one", common) == 0
         assert run(tmp_path / f"{name}_pp", [*common, "parallel.pp=2", "launcher.nproc_per_node=2"]) == 0
         assert losses(tmp_path / f"{name}_pp") == pytest.approx(losses(tmp_path / f"{name}_one"), rel=1e-4), name
+
+
+@pytest.mark.slow
+def test_the_pipeline_sweep_reports_every_schedules_arm(tmp_path):
+    """`python -m ablate.sweeps pipeline` (docs/layouts.md), 4 steps a run: each schedule's arm against 1F1B, its
+    bubble beside the expected one, the layout column with pp first (+50 s: 5 runs of 4 ranks)."""
+    from ablate.sweeps.__main__ import main as sweeps_main
+
+    code = drive_in_process(sweeps_main, ["pipeline", "--dir", str(tmp_path), "--", "logger=none", "train.steps=4",
+                                          "train.warmup_steps=1"])
+    report = (tmp_path / "report.md").read_text()
+    assert code == 0
+    for arm in ("gpipe_m4", "interleaved_m4", "zero_bubble_m4", "1f1b_m8"):
+        assert f"`{arm}` vs `1f1b_m4`" in report, report
+    assert "pp_bubble_expected" in report and "4x1x1x1" in report, report
