@@ -25,12 +25,16 @@ import sys
 from typing import Dict, List
 
 from ablate import hardware, parallel, units
+from ablate import precision as precision_group
 from ablate.config import AblateConfig
 from ablate.config import arguments as cli
 from ablate.config.dims import described
-from ablate.model.facts import measure
+from ablate.model import build_net
+from ablate.model.facts import flop_model, measure
 from ablate.model.peak import by_stage, plan_peak
+from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.state_bytes import Breakdown
+from ablate.predict import Step, of_hardware, pipeline_bubble, predict
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
 
@@ -57,7 +61,8 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
     # a pipeline: the most loaded stage's rank (model/peak.py)
     shares = [share for share, _ in by_stage(cfg, layout, facts)] if layout.pp > 1 and facts.saved else [facts]
     state = max((parallel.plan_bytes(s.numels, cfg, layout, s.split) for s in shares), key=lambda b: b.total)
-    return {"model": cfg.model.name, "params": n, "nominal_params": nominal, "world_size": world,
+    return {"model": cfg.model.name, "params": n, "blocks": facts.blocks.get("count") or 0,
+            "nominal_params": nominal, "world_size": world,
             "parallel": cfg.parallel.name, "precision": cfg.precision.name, "mesh": layout.record(),
             "article": article(nominal, world), "article_total": 12 * nominal,
             "zero_paper": zero_paper(nominal, world, stage), "zero_paper_total": 16 * nominal,
@@ -66,6 +71,20 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "activation_checkpointing": cfg.model.activation_checkpointing,
             "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens",
             **(peak.record() if peak else {"peak_bytes": None})}
+
+
+def predicted(cfg: AblateConfig, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]:
+    """One step's time, tokens/s and MFU on this hardware for the layout (src/ablate/predict: the model)."""
+    t = cfg.train
+    flops = flop_model(cfg.model, t.seq_len, build_net(cfg.model, "meta"))
+    tokens = t.batch_size * t.seq_len * t.grad_accum   # one replica's, per optimizer step
+    per_replica = flops.training(tokens, tokens * t.seq_len)
+    step = Step(hw_flops=per_replica.hardware / layout.model_ranks, model_flops=per_replica.model / layout.model_ranks,
+                comm_bytes=expected_comm(cfg, layout, n_params), tokens=tokens * layout.dp, n_blocks=n_blocks,
+                sizes=layout.record(), nproc_per_node=cfg.launcher.nproc_per_node, strategy=cfg.parallel.name,
+                column=precision_group.numerics(cfg.precision.name).peak_column,
+                bubble=pipeline_bubble(cfg.parallel))
+    return predict(step, of_hardware(hw))
 
 
 def fits(p: Dict[str, object], hw) -> Dict[str, object]:
@@ -128,6 +147,19 @@ def render(p: Dict[str, object]) -> None:
         console.print(f"On {hw['name']} ({gb(hw['memory_bytes'])} per GPU): "
                       + (f"[bold]fits[/bold], {gb(left)} left" if p["fits"] else
                          f"[bold]does not fit[/bold]: {gb(-left)} over"))
+        render_predicted(console, p["predicted"])
+
+
+def render_predicted(console, pred: Dict[str, object]) -> None:
+    if pred.get("step_time_s") is None:
+        console.print(f"Predicted step: none ({pred.get('why')})")
+        return
+    exposed = ", ".join(f"{d} {units.fmt('step_time_s', s)}" if s is not None else f"{d} not modelled"
+                        for d, s in pred["exposed_comm_s"].items()) or "none"
+    console.print(f"Predicted step: [bold]{units.fmt('step_time_s', pred['step_time_s'])}[/bold], "
+                  f"{units.fmt('tokens_per_s', pred['tokens_per_s'])}, MFU {units.fmt('mfu', pred['mfu'])} "
+                  f"(compute {units.fmt('step_time_s', pred['compute_s'])}, exposed communication: {exposed}; "
+                  f"{pred['rate_source']}); how: docs/prediction.md.")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -139,7 +171,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the plan as one JSON object (bytes per GPU)")
     p.add_argument("--hardware", metavar="NAME|FILE", default=None,
                    help="the GPU to plan for (conf/hardware: a100_80gb, h100_sxm, h100_pcie, h200, b200; or a YAML "
-                        "file of yours): says whether the peak fits its memory")
+                        "file of yours): says whether the peak fits its memory, and predicts a step's time, tokens/s "
+                        "and MFU there (docs/prediction.md)")
     p.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
                    help="a config dir of your own (model/, optim/, ... files)")
     p.add_argument("overrides", nargs="*", help="as for python -m ablate")
@@ -157,7 +190,9 @@ def main(argv: List[str] = None) -> None:
         cfg = config_of(argv)[1]
         p = plan(cfg)
         if args.hardware:
-            p.update(fits(p, hardware.named(args.hardware)))
+            hw = hardware.named(args.hardware)
+            p.update(fits(p, hw))
+            p["predicted"] = predicted(cfg, parallel.layout_of(cfg), p["params"], p["blocks"], hw)
         print(as_json(p)) if args.json else render(p)
     except ConfigError as e:
         sys.exit(exit_code_of(e))

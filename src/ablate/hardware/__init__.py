@@ -15,7 +15,8 @@ from ablate import CONF_DIR
 from ablate.config import ConfigError
 
 HARDWARE_DIR = CONF_DIR / "hardware"
-KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_s", "network_gbits_per_s")
+KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_s", "network_gbits_per_s",
+        "matmul_tflops")   # the last: optional, a measured dense matmul rate per dtype (ablate's step-time model)
 # Parts that share a family name with a file here but run at other clocks and power (H100/H200 NVL, GB200, GH200):
 # no file of theirs, so they get none rather than the SXM/B200 one, which would read their MFU ~15% low. Set
 # metrics.peak_tflops for them, or give ablate.plan a file of their own.
@@ -31,6 +32,7 @@ class Hardware:
     nvlink_bytes_per_s: Optional[float]
     network_bytes_per_s: Optional[float]
     source: str                         # the file
+    matmul_flops: Optional[Dict[str, float]] = None   # measured (the file's matmul_tflops), per dtype column
 
     def record(self) -> Dict[str, object]:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_flops": self.peak_flops,
@@ -53,9 +55,11 @@ def load(path: Path) -> Hardware:
                           f"a hardware file has {', '.join(KEYS)}")
     net = node.get("network_gbits_per_s")
     nvlink = node.get("nvlink_gbytes_per_s")
+    measured = node.get("matmul_tflops")
     return Hardware(str(node["name"]), tuple(str(d).upper() for d in node["device_names"]),
                     float(node["memory_gib"]) * 2**30, {k: float(v) * 1e12 for k, v in node["peak_tflops"].items()},
-                    float(nvlink) * 1e9 if nvlink else None, float(net) * 1e9 / 8 if net else None, str(path))
+                    float(nvlink) * 1e9 if nvlink else None, float(net) * 1e9 / 8 if net else None, str(path),
+                    {k: float(v) * 1e12 for k, v in measured.items()} if isinstance(measured, dict) else None)
 
 
 def choices() -> Dict[str, Path]:

@@ -1,0 +1,124 @@
+"""How fast, before the run: one optimizer step's time on a layout and a machine (docs/prediction.md).
+
+Per optimizer step and rank:
+- compute = the hardware FLOPs a device does (the model's, recompute included; its share: 1/(tp x pp) of its
+  replica's tokens) / the machine's matmul rate in the run's compute dtype; under a pipeline the step is that over
+  1 - the schedule's expected bubble (config/schedules.py);
+- communication per mesh dim = the comm model's bytes (parallel/comm_model.py: full buffers, as counted) x the
+  collective's bus factor (nccl-tests' convention: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, a
+  pipeline's sends 1) / the bus bandwidth of the link the dim crosses: within a node, or across nodes when its
+  ranks span more than one node's (ranks laid out row-major, mesh.py);
+- what of it is exposed, as each strategy schedules it: FSDP2/HSDP/ZeRO's gathers and reduce-scatters run a block
+  ahead, behind the compute, all but the first gather and the last reduce-scatter (one unit's of the blocks + the
+  root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute); tensor
+  parallelism's collectives and the pipeline's sends sit on the critical path, all exposed.
+step = compute (/ (1 - bubble)) + the exposed communication. Left out: the optimizer's step (memory-bound), data
+wait, kernel launch gaps, the interference of communication with compute. Pure arithmetic on the figures given:
+the plan (`ablate.plan --hardware`) and tests give them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from ablate.config.schedules import expected as expected_bubble
+
+# nccl-tests' bus-bandwidth factor per mesh dim's collectives (docs: PERFORMANCE.md of nccl-tests)
+BUS_FACTOR = {"dp_shard": lambda n: (n - 1) / n, "dp_replicate": lambda n: 2 * (n - 1) / n,
+              "tp": lambda n: (n - 1) / n, "pp": lambda n: 1.0}
+BACKWARD_SHARE = 2 / 3   # of a step's compute: the backward (twice the forward's FLOPs)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the prediction needs of a machine: its matmul rate per dtype column (achieved, or a datasheet's peak:
+    `rate_source` says which), the datasheet peak per column (MFU's denominator), the bus bandwidth within a node
+    and per device across nodes (bytes/s; None: unknown)."""
+    rate: Dict[str, float]
+    peak: Dict[str, float]
+    intra_bytes_per_s: Optional[float]
+    inter_bytes_per_s: Optional[float]
+    rate_source: str
+    name: str = ""
+
+
+@dataclass
+class Step:
+    """What one optimizer step asks of each rank: hardware and model FLOPs of a device, bytes per mesh dim (None:
+    not modelled), the global tokens, the blocks (FSDP's units), the layout's shape and the compute dtype's column."""
+    hw_flops: float
+    model_flops: float
+    comm_bytes: Dict[str, Optional[float]]
+    tokens: float
+    n_blocks: int
+    sizes: Dict[str, int]             # mesh dim -> ranks (config/dims.py order)
+    nproc_per_node: int
+    strategy: str                     # parallel.name
+    column: str                       # the compute dtype's datasheet column: bf16 | fp32 | fp8
+    bubble: float = 0.0               # a pipeline's expected bubble
+    strides: Dict[str, int] = field(default_factory=dict)
+
+
+def crosses_nodes(step: Step, dim: str) -> bool:
+    """A dim's ranks span more than one node: its stride (the product of the dims inside it) x its size."""
+    return step.strides[dim] * step.sizes[dim] > step.nproc_per_node
+
+
+def strides(sizes: Dict[str, int]) -> Dict[str, int]:
+    out, inner = {}, 1
+    for dim in reversed(list(sizes)):
+        out[dim] = inner
+        inner *= sizes[dim]
+    return out
+
+
+def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {}
+    for dim, nbytes in step.comm_bytes.items():
+        link = machine.inter_bytes_per_s if crosses_nodes(step, dim) else machine.intra_bytes_per_s
+        out[dim] = None if nbytes is None or not link else nbytes * BUS_FACTOR[dim](step.sizes[dim]) / link
+    return out
+
+
+def exposed(step: Step, dim: str, seconds: float, compute: float) -> float:
+    if dim in ("tp", "pp"):
+        return seconds
+    if dim == "dp_replicate" or step.strategy in ("ddp", "ddp_sync"):
+        return max(0.0, seconds - BACKWARD_SHARE * compute)
+    unit = seconds / (step.n_blocks + 1)   # the first gather and the last reduce-scatter: one unit's
+    return min(seconds, max(0.0, seconds - compute) + unit)
+
+
+def predict(step: Step, machine: Machine) -> Dict[str, object]:
+    """summary.json's / the plan's `predicted`: step_time_s, tokens_per_s, mfu, compute_s, exposed_comm_s per dim
+    (None where the comm model or the machine has no figure), and the rate's source."""
+    step.strides = step.strides or strides(step.sizes)
+    rate = machine.rate.get(step.column)
+    if not rate:
+        return {"step_time_s": None, "why": f"{machine.name}: no matmul rate for {step.column}"}
+    compute = step.hw_flops / rate
+    busy = compute / (1 - step.bubble)
+    comm = comm_seconds(step, machine)
+    hidden = {d: (exposed(step, d, s, compute) if s is not None else None) for d, s in comm.items()}
+    total = busy + sum(s for s in hidden.values() if s is not None)
+    peak = machine.peak.get(step.column)
+    return {"step_time_s": total, "tokens_per_s": step.tokens / total,
+            "mfu": step.model_flops / total / peak if peak else None, "compute_s": compute,
+            "bubble_s": busy - compute, "exposed_comm_s": hidden, "comm_s": comm,
+            "rate_source": machine.rate_source}
+
+
+def of_hardware(hw) -> Machine:
+    """A conf/hardware file as a Machine: its measured matmul rate where the file has one (`matmul_tflops`), else
+    the datasheet's peak (the prediction is then a bound); NVLink's datasheet figure counts both directions (a
+    ring sends one way: half of it), the network's per GPU one way."""
+    measured = hw.matmul_flops
+    nvlink = hw.nvlink_bytes_per_s / 2 if hw.nvlink_bytes_per_s else None
+    return Machine(measured or hw.peak_flops, hw.peak_flops, nvlink, hw.network_bytes_per_s,
+                   "measured matmul rate (the file's matmul_tflops)" if measured else
+                   "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)", hw.name)
+
+
+def pipeline_bubble(parallel) -> float:
+    return expected_bubble(parallel.pp_schedule, parallel.pp, parallel.microbatches, parallel.pp_stages_per_rank) \
+        if parallel.pp > 1 else 0.0

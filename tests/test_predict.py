@@ -1,0 +1,72 @@
+"""The step-time model's arithmetic on fixed figures (src/ablate/predict), and `ablate.plan --hardware` printing it.
+No timing here: the model's error against runs is a benchmark's to say. Cost: in process, ~5 s (the 70B plan)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ablate.predict import Machine, Step, crosses_nodes, predict, strides
+
+MACHINE = Machine(rate={"bf16": 100e12}, peak={"bf16": 200e12}, intra_bytes_per_s=100e9, inter_bytes_per_s=10e9,
+                  rate_source="fixed", name="test")
+ONE = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
+
+
+def step(**kwargs) -> Step:
+    base = dict(hw_flops=100e12, model_flops=80e12, comm_bytes={}, tokens=1000.0, n_blocks=9, sizes=dict(ONE),
+                nproc_per_node=8, strategy="none", column="bf16")
+    return Step(**{**base, **kwargs})
+
+
+def test_one_rank_is_its_flops_at_the_machines_rate():
+    p = predict(step(), MACHINE)
+    assert p["step_time_s"] == pytest.approx(1.0) and p["tokens_per_s"] == pytest.approx(1000.0)
+    assert p["mfu"] == pytest.approx(80e12 / 1.0 / 200e12) and p["exposed_comm_s"] == {}
+
+
+def test_fsdps_gathers_hide_behind_compute_but_one_units():
+    sizes = {**ONE, "dp_shard": 8}
+    short = predict(step(strategy="fsdp2", sizes=sizes, comm_bytes={"dp_shard": 40e9}), MACHINE)
+    seconds = 40e9 * (7 / 8) / 100e9   # 0.35 s within the node, shorter than the 1 s of compute
+    assert short["comm_s"]["dp_shard"] == pytest.approx(seconds)
+    assert short["exposed_comm_s"]["dp_shard"] == pytest.approx(seconds / 10)   # 9 blocks + the root
+    long = predict(step(strategy="fsdp2", sizes=sizes, comm_bytes={"dp_shard": 400e9}), MACHINE)
+    assert long["exposed_comm_s"]["dp_shard"] == pytest.approx(3.5 - 1.0 + 0.35)
+
+
+def test_ddps_all_reduce_overlaps_the_backward_and_tp_is_exposed():
+    sizes = {**ONE, "dp_replicate": 2, "tp": 2}
+    p = predict(step(strategy="ddp", sizes=sizes, nproc_per_node=2, comm_bytes={"dp_replicate": 20e9, "tp": 1e9}),
+                MACHINE)
+    # dp_replicate spans 4 ranks on nodes of 2: across nodes; all-reduce's bus factor 2(n-1)/n = 1
+    assert p["comm_s"]["dp_replicate"] == pytest.approx(20e9 / 10e9)
+    assert p["exposed_comm_s"]["dp_replicate"] == pytest.approx(2.0 - 2 / 3)
+    assert p["exposed_comm_s"]["tp"] == pytest.approx(1e9 * 0.5 / 100e9)
+    assert p["step_time_s"] == pytest.approx(1.0 + 2.0 - 2 / 3 + 0.005)
+
+
+def test_which_dims_cross_nodes_follows_the_row_major_mesh():
+    s = step(sizes={"pp": 2, "dp_replicate": 2, "dp_shard": 4, "tp": 2}, nproc_per_node=8)
+    s.strides = strides(s.sizes)
+    assert s.strides == {"tp": 1, "dp_shard": 2, "dp_replicate": 8, "pp": 16}
+    assert [crosses_nodes(s, d) for d in ("tp", "dp_shard", "dp_replicate", "pp")] == [False, False, True, True]
+
+
+def test_a_pipelines_bubble_stretches_its_compute_and_unknowns_stay_unknown():
+    p = predict(step(sizes={**ONE, "pp": 2}, bubble=0.2, comm_bytes={"pp": None}), MACHINE)
+    assert p["step_time_s"] == pytest.approx(1.0 / 0.8) and p["bubble_s"] == pytest.approx(0.25)
+    assert p["exposed_comm_s"] == {"pp": None}
+    assert predict(step(column="fp8"), MACHINE)["step_time_s"] is None
+
+
+def test_the_plan_predicts_a_70b_step_on_64_h100s(capsys):
+    from ablate import plan
+
+    plan.main(["--json", "--hardware", "h100_sxm", "model=70b", "launcher=slurm", "launcher.nodes=8",
+               "launcher.nproc_per_node=8", "precision=bf16", "parallel=hsdp", "parallel.tp=8", "train.batch_size=1",
+               "train.seq_len=4096", "model.max_seq_len=4096"])
+    p = json.loads(capsys.readouterr().out)["predicted"]
+    assert p["step_time_s"] > 0 and p["tokens_per_s"] > 0 and 0 < p["mfu"] < 1
+    assert set(p["exposed_comm_s"]) == {"dp_replicate", "tp"} and p["exposed_comm_s"]["dp_replicate"] > 0
+    assert "datasheet peak" in p["rate_source"]
