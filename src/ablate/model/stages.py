@@ -35,6 +35,7 @@ class Outline:
     path: str
     before: Dict[str, tuple] = field(default_factory=dict)
     after: List[str] = field(default_factory=list)
+    tuples: bool = False   # its blocks return tuples (hidden state first), as some transformers versions' do
 
 
 def _refuse(model_name: str, why: str) -> ConfigError:
@@ -87,7 +88,7 @@ def _read(calls: List[tuple], n: int, path: str, holders: Dict[str, nn.Module], 
             raise _refuse(name, "a block's input is not the previous block's output (a residual added outside the "
                                 "blocks, `h = h + block(h)`, is: move it inside the block)")
         previous = out[0] if isinstance(out, (tuple, list)) else out
-    result = Outline(path)
+    result = Outline(path, tuples=isinstance(calls[first][3], (tuple, list)))
     for _kind, module_name, _, out in calls[:first]:
         if not isinstance(holders[module_name], nn.Embedding):
             raise _refuse(name, f"`{module_name}` ({type(holders[module_name]).__name__}, with parameters) runs before "
@@ -110,10 +111,15 @@ class _StageOut(Exception):
 
 
 class Elsewhere(nn.Module):
-    """A block another stage holds: never computes here (the stage's first block takes the received input)."""
+    """A block another stage holds: never computes here (the stage's first block takes the received input); it
+    returns what the blocks return, a tensor or a tuple."""
+
+    def __init__(self, tuples: bool = False):
+        super().__init__()
+        self.tuples = tuples
 
     def forward(self, *args, **kwargs):
-        return args[0]
+        return (args[0],) if self.tuples else args[0]
 
 
 class Zeros(nn.Module):
@@ -171,7 +177,7 @@ def cut(net: nn.Module, plan: Outline, index: int, count: int, seq_len: int) -> 
     lo, hi = index * per, (index + 1) * per
     for i in range(len(blocks)):
         if not lo <= i < hi:
-            blocks[i] = Elsewhere()
+            blocks[i] = Elsewhere(plan.tuples)
     if index > 0:
         for name, (width, dtype) in plan.before.items():
             net.set_submodule(name, Zeros(width, dtype))

@@ -71,7 +71,8 @@ def layout_of(cfg: AblateConfig) -> Layout:
 
 def check(cfg: AblateConfig, has_cuda: bool) -> None:
     """Combinations that cannot run, refused in one line before launch (each strategy says its own)."""
-    pipeline.check(cfg, layout_of(cfg))
+    layout_of(cfg)
+    pipeline.check(cfg)
     p = cfg.parallel
     if (p.param_dtype is not None or p.reduce_dtype != "float32") and REGISTRY[p.name].module != "fsdp2":
         raise ConfigError(f"parallel.param_dtype / parallel.reduce_dtype with parallel={p.name}: FSDP2's mixed "

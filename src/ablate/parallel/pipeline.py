@@ -18,10 +18,9 @@ from ablate.config import AblateConfig, ConfigError, ModelConfig
 from ablate.config.schedules import MULTI_STAGE, TORCH_CLASS
 from ablate.metrics.bubble import StageClock
 from ablate.metrics.comm import paused
-from ablate.parallel.mesh import Layout
 
 
-def check(cfg: AblateConfig, layout: Layout) -> None:
+def check(cfg: AblateConfig) -> None:
     """What a pipeline cannot run, refused in one line before any rank starts."""
     p, t = cfg.parallel, cfg.train
     if p.pp == 1:
@@ -31,7 +30,7 @@ def check(cfg: AblateConfig, layout: Layout) -> None:
                                   "parallel.pp > 1 or leave it unset")
         return
     v, m, name = p.pp_stages_per_rank, p.microbatches, p.pp_schedule
-    if name in MULTI_STAGE and name == "interleaved_1f1b" and v == 1:
+    if name == "interleaved_1f1b" and v == 1:
         raise ConfigError("parallel.pp_schedule=interleaved_1f1b with parallel.pp_stages_per_rank=1: interleaving "
                           "needs several stages per rank; give parallel.pp_stages_per_rank=2 (or more), or "
                           "parallel.pp_schedule=1f1b")
@@ -75,8 +74,6 @@ def _check_run(cfg: AblateConfig, v: int) -> None:
             raise ConfigError(f"parallel.pp={p.pp} with model={model.name}'s tied embeddings: the first stage's "
                               "embedding and the last stage's head would be one weight on two ranks; valid: "
                               "model.tie_embeddings=false")
-
-
 
 
 class Schedule:

@@ -83,9 +83,7 @@ class Loop:
         """parallel.pp > 1: the schedule owns the step's forward and backward over its micro-batches
         (parallel/pipeline.py); its loss is the step's, on every rank of the pipeline."""
         x, y = next(self.feeder)
-        if self.activation_bytes is None:
-            self.activation_bytes = 0   # (asked once: what autograd saves is not counted inside a schedule)
-            self.meter.notes["activation_bytes"] = PIPELINE_UNCOUNTED
+        self.meter.notes["activation_bytes"] = PIPELINE_UNCOUNTED   # (absent: not counted inside a schedule)
         self.meter.clock.begin()
         with self.strategy.autocast():
             loss = self.strategy.pipeline.step(x, y)
