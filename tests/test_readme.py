@@ -20,8 +20,18 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("readme")]   # the commands share one user directory, in order
-# in the order a user meets them: the tune and the gate read what the README's commands made
+# the commands share a user directory, in order, on one worker: each chain of commands that reads what another made
+# (the c3 sweep, its report and the gate that reads it; the tune) is a group of its own, the rest one more
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("readme")]
+
+
+def chain_of(line: str) -> str:
+    """The worker group of a documented command: the commands it reads the results of run on its worker."""
+    if "sweeps_out/c3" in line:
+        return "readme_c3"
+    return "readme_tune" if line.startswith("python -m ablate.tune ") else "readme"
+
+
 DOCS = [REPO / "README.md", REPO / "docs" / "tune.md", REPO / "docs" / "baseline.md", REPO / "sweeps" / "README.md"]
 SHORT = ["train.steps=8", "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=256"]
 TRAINS = ("ablate", "ablate.sweeps", "ablate.tune")     # entry points that train, so take SHORT
@@ -104,7 +114,9 @@ def test_the_docs_have_commands():
     assert sum(c[2] is not None for c in found) >= 3
 
 
-@pytest.mark.parametrize("source,line,expected", commands(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("source,line,expected", [pytest.param(*c, marks=pytest.mark.xdist_group(chain_of(c[1])))
+                                                  for c in commands()],
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_every_documented_command_runs_as_typed(source, line, expected, user):
     before = set(user[0].rglob("*"))
     done = type_command(line, expected, user)
@@ -162,6 +174,7 @@ def test_the_documented_grid_reported_gives_every_exact_figure_and_each_cell(use
 C3_SWEEP = "python -m ablate.sweeps c3_no_sync --repeats auto --max-repeats 3 --dir sweeps_out/c3 -- logger=none"
 
 
+@pytest.mark.xdist_group("readme_c3")   # reads what the c3 sweep typed above made, on its worker
 def test_the_documented_sweep_repeats_until_decided_with_intervals_and_exact_comm(user):
     """The README's c3 sweep, typed above (2-rank runs, 4 or 6 of them), read here in process: interleaved
     repeats, one shared peak, the exact eighth of the bytes and of the calls in every pair (one all-reduce of
