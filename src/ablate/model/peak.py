@@ -6,12 +6,14 @@ One step is walked through the moments where memory peaks, each the sum of named
   autocast's low-precision weight copies the matmuls saved), and the loss's gradient: two float32 tensors as wide
   as the vocabulary (the gradient of log-softmax and of the logits: 2 x b x s x V x 4, V / tp under a
   vocab-parallel loss). FSDP: the root's parameters (embedding, final norm, head) all-gathered again, twice
-  while the all-gather's buffer is copied out (the larger of that and the loss's gradient).
+  while the all-gather's buffer is copied out (the larger of that and the loss's gradient). Gradients accumulated
+  over micro-batches (grad_accum > 1, a pipeline's micro-batches): the head's new gradient, made apart and then
+  added (the larger of it and the loss's gradient: measured, they do not meet), and every gradient held.
 - `block i` (backward, last block first): the gradients done so far (FSDP: sharded, after their
   reduce-scatter), what the blocks before i keep, block i's own saved tensors (recomputed first when
   checkpointed) and its weight copies; FSDP: the root's and block i's unsharded parameters, block i-1's
   prefetched, and block i's reduce-scatter (its unsharded gradients, the flat input in the reduce dtype and the
-  output shard).
+  output shard); accumulating, its largest tensor's new gradient (`accumulation`).
 - `end`: the whole state with every gradient, and FSDP's last reduce-scatter (the root's).
 (The optimizer's step holds the state alone: AdamW's fused kernel makes no parameter-sized temporaries.)
 Every figure is measured on fake tensors (model/facts.py: one sequence's forward) or planned by the strategy
@@ -100,11 +102,17 @@ class Walk:
         self.copies_outside = 0.0 if no_copies else saved.copies_outside / tp_div
         self.loss_grad = LOSS_TENSORS * (micro if held is not None else b) * cfg.train.seq_len * facts.vocab_size * \
             4 / vocab_split if saved.vocab_bytes else 0.0
-        self.numel_block, self.numel_root = numels_by_block(facts, layout.tp, self.n)
+        self.numel_block, self.numel_root, self.largest = numels_by_block(facts, layout.tp, self.n)
 
     @property
     def fsdp(self) -> bool:
         return parallel.choice(self.cfg.parallel.name).module == "fsdp2"
+
+    def accumulating(self, index: int, accumulated: bool) -> float:
+        """Gradients accumulated over micro-batches: autograd computes each new one apart, then adds it - the
+        largest tensor's, in float32, at the backward of the group (block `index`, -1 the root). FSDP: its
+        reduce-scatter's buffers hold the group's unsharded gradients already."""
+        return 4.0 * self.largest[index] if accumulated and not self.fsdp else 0.0
 
     def grads_share(self, numel: float) -> float:
         return self.state.grads * numel / (sum(self.numel_block) + self.numel_root)
@@ -126,16 +134,19 @@ def dtype_bytes(name: Optional[str]) -> int:
 
 
 def numels_by_block(facts: ModelFacts, tp: int, n_blocks: int):
-    """Per block, and outside the blocks, the parameters one tp rank holds (split ones / tp)."""
+    """Per block, and outside the blocks, the parameters one tp rank holds (split ones / tp), and the largest
+    tensor of each (n_blocks + 1 entries, the root's last)."""
     split = facts.split or [True] * len(facts.numels)
-    per_block, root = [0.0] * n_blocks, 0.0
+    per_block, root, largest = [0.0] * n_blocks, 0.0, [0.0] * (n_blocks + 1)
     for numel, s, block in zip(facts.numels, split, facts.param_block or [None] * len(facts.numels)):
         local = numel / tp if s else float(numel)
         if block is None or block >= n_blocks:
             root += local
+            largest[-1] = max(largest[-1], local)
         else:
             per_block[block] += local
-    return per_block, root
+            largest[block] = max(largest[block], local)
+    return per_block, root, largest
 
 
 def moments(w: Walk, grad_accum: int) -> List[Moment]:
@@ -145,7 +156,8 @@ def moments(w: Walk, grad_accum: int) -> List[Moment]:
     held_all = w.outside + w.vocab_saved + sum(w.kept)
     root = w.unsharded(w.numel_root)
     out = [Moment("loss", {**base, "activations": held_all, "weight_copies": sum(kept_copies) + w.copies_outside,
-                           "fsdp_unsharded": root, "loss_grad": max(w.loss_grad, root)})]
+                           "fsdp_unsharded": root,
+                           "loss_grad": max(w.loss_grad, root, w.accumulating(-1, grad_accum > 1))})]
     held_grads = w.grads_share(w.numel_root) if grad_accum == 1 else 0.0
     for i in reversed(range(w.n)):
         held_grads += w.grads_share(w.numel_block[i]) if grad_accum == 1 else 0.0
@@ -159,7 +171,8 @@ def moments(w: Walk, grad_accum: int) -> List[Moment]:
                                          "activations": w.outside + before + own,
                                          "weight_copies": sum(kept_copies[:i]) + w.copies[i] + w.copies_outside,
                                          "fsdp_unsharded": unsharded,
-                                         "fsdp_reduce_scatter": w.reduce_scatter(w.numel_block[i])}))
+                                         "fsdp_reduce_scatter": w.reduce_scatter(w.numel_block[i]),
+                                         "accumulation": w.accumulating(i, grad_accum > 1)}))
     out.append(Moment("end", {"params": s.params, "optimizer": s.optimizer, "grads": s.grads,
                               "fsdp_reduce_scatter": w.reduce_scatter(w.numel_root)}))
     return out
@@ -210,6 +223,8 @@ def plan_peak(cfg: AblateConfig, facts: ModelFacts, layout: Optional[Layout] = N
     layout = layout or parallel.layout_of(cfg)
     walks = [Walk(cfg, layout, stage, held) for stage, held in by_stage(cfg, layout, facts)] \
         if layout.pp > 1 else [Walk(cfg, layout, facts)]
-    top = max((m for w in walks for m in moments(w, cfg.train.grad_accum)), key=lambda m: m.total)
+    # a pipeline's micro-batches accumulate gradients: from its first backward on, a stage holds all of them
+    accumulated = cfg.train.grad_accum if layout.pp == 1 else cfg.parallel.microbatches
+    top = max((m for w in walks for m in moments(w, accumulated)), key=lambda m: m.total)
     return PeakPlan(top.total, top.name, {k: v for k, v in top.parts.items() if v},
                     allowance(top.total) if gpu else 0.0)

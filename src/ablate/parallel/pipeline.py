@@ -97,10 +97,23 @@ class Schedule:
         self.last = any(s.is_last for s in self.stages)
         self.last_rank = dist.get_global_rank(self.group, p.pp - 1)   # stage count - 1 lives on pp rank pp - 1
         self.device = device
+        self.before_forward = None   # called before each micro-batch's forward (the step's memory tracker)
+        # torch's MemTracker follows one stage a rank (its per-module figures reset before each micro-batch); two
+        # stages a rank lose its modules' stats, and its hooks break a split backward (zero bubble): not tracked
+        self.untracked = None if p.pp_schedule not in MULTI_STAGE else \
+            f"not measured: parallel.pp_schedule={p.pp_schedule} runs several stages a rank, which torch's memory " \
+            "tracker cannot follow"
 
     def _timed(self, stage):
         for action in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
             setattr(stage, action, self.clock.timed(getattr(stage, action)))
+        forward = stage.forward_one_chunk
+
+        def announced(*args, **kwargs):
+            if self.before_forward is not None:
+                self.before_forward()
+            return forward(*args, **kwargs)
+        stage.forward_one_chunk = announced
         return stage
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

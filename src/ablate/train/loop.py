@@ -22,8 +22,8 @@ from ablate.metrics.stopped import Continued
 from ablate.model import checkpointing
 from ablate.train import checkpoint, hooks, signals
 
-PIPELINE_UNCOUNTED = ("parallel.pp > 1: not counted (the schedule runs forward and backward across its micro-batches "
-                      "at once; ablate.plan gives a stage's)")
+PIPELINE_UNCOUNTED = ("parallel.pp > 1: not counted (autograd's saved tensors are counted around one module's "
+                      "forward, not a schedule's; ablate.plan gives a stage's)")
 
 
 class Diverged(RunStopped):
@@ -149,17 +149,20 @@ class Loop:
     def memory_record(self) -> Dict[str, object]:
         """summary.json's measured peak (metrics/step_memory.py), with why where no step was tracked."""
         if self.step_memory is None or self.step_memory.why:
-            self.meter.notes["peak_bytes_measured"] = self.step_memory.why if self.step_memory else \
-                PIPELINE_UNCOUNTED if self.strategy.pipeline is not None else NOT_TRACKED
+            why = self.step_memory.why if self.step_memory else NOT_TRACKED
+            self.meter.notes.setdefault("peak_bytes_measured", why)   # (a pipeline's reason, said when it was not)
             return StepMemory.absent()
         return self.step_memory.record()
 
     def tracking_memory(self, tracked: bool):
         if not tracked:
             return nullcontext()
-        if self.strategy.pipeline is not None:   # MemTracker follows one module's forward and backward, not a schedule
+        if self.strategy.pipeline is not None and self.strategy.pipeline.untracked:
+            self.meter.notes["peak_bytes_measured"] = self.strategy.pipeline.untracked
             return nullcontext()
         self.step_memory = StepMemory(self.env.device, self.strategy.model, getattr(self.strategy, "optimizer", None))
+        if self.strategy.pipeline is not None:   # each micro-batch's forward is one call of the stage's modules
+            self.strategy.pipeline.before_forward = self.step_memory.micro_step
         return self.step_memory
 
     def collect(self, step: int) -> None:
