@@ -2,8 +2,10 @@
 run's own overrides (.hydra/overrides.yaml) beside what the run recorded (summary.json: `activation_bytes`, the
 bytes autograd saved at its first micro-step; `state_bytes`, the largest rank's; the peak: `peak_bytes_planned`
 beside `peak_bytes_measured`, the step's most live tensor memory - on CUDA the allocator's max allocated - and
-`peak_reserved_bytes_measured`, what the allocator held, against the plan's peak with its GPU allowance). On a
-GPU this is the plan's check against CUDA's own attention kernels (flash / memory-efficient SDPA) and allocator.
+`peak_reserved_bytes_measured`, what the allocator held, against the plan's peak with its GPU allowance), and a GPU
+run's predicted step time (summary.json's `predicted`, docs/prediction.md) beside its measured median step. On a
+GPU this is the plan's check against CUDA's own attention kernels (flash / memory-efficient SDPA) and allocator, and
+the step-time model's first check.
 
     .venv/bin/python bench/plan_vs_measured.py RUNS_DIR [RUNS_DIR ...]
 """
@@ -30,7 +32,7 @@ def runs(folders):
 def main(folders) -> None:
     print(f"{'run':<48} {'activations planned':>20} {'measured':>12} {'ratio':>6}   {'state planned':>14} "
           f"{'measured':>12}   {'peak planned':>13} {'measured':>12} {'ratio':>6} {'reserved':>12} "
-          f"{'vs peak_bytes':>13}")
+          f"{'vs peak_bytes':>13}   {'step predicted':>14} {'measured':>10} {'ratio':>6}")
     for run_dir, summary, overrides in runs(folders):
         keep = [o for o in overrides if not o.startswith(("hydra.", "train.resume"))]
         try:
@@ -44,7 +46,15 @@ def main(folders) -> None:
                     default=None)
         print(f"{str(run_dir.relative_to(run_dir.parents[1]))[-48:]:<48} {p['activation_bytes'] / 1e6:>17.1f} MB "
               f"{(measured or 0) / 1e6:>9.1f} MB {ratio:>6}   {p['ablate'].total / 1e6:>11.1f} MB "
-              f"{(state or 0) / 1e6:>9.1f} MB   {peak_columns(summary, p)}")
+              f"{(state or 0) / 1e6:>9.1f} MB   {peak_columns(summary, p)}   {step_columns(summary)}")
+
+
+def step_columns(summary) -> str:
+    """The run's predicted step time (GPU runs only) beside its measured median step, and measured / predicted."""
+    predicted, measured = (summary.get("predicted") or {}).get("step_time_s"), summary.get("step_time_s")
+    ratio = f"{measured / predicted:.3f}" if predicted and measured else "—"
+    return (f"{predicted * 1e3:>11.1f} ms" if predicted else f"{'—':>14}") + \
+        (f" {measured * 1e3:>7.1f} ms" if measured else f" {'—':>10}") + f" {ratio:>6}"
 
 
 def peak_columns(summary, p) -> str:

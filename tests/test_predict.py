@@ -70,3 +70,28 @@ def test_the_plan_predicts_a_70b_step_on_64_h100s(capsys):
     assert p["step_time_s"] > 0 and p["tokens_per_s"] > 0 and 0 < p["mfu"] < 1
     assert set(p["exposed_comm_s"]) == {"dp_replicate", "tp"} and p["exposed_comm_s"]["dp_replicate"] > 0
     assert "datasheet peak" in p["rate_source"]
+
+
+def test_a_gpu_run_predicts_its_step_from_its_calibrated_rate_and_a_cpu_run_says_why_not():
+    """summary.json's `predicted` (predict.for_run), on a stand-in for a run's throughput collector: an H100 with
+    its measured GEMM rate; a CPU: None, and the reason in notes."""
+    from types import SimpleNamespace
+
+    from ablate import parallel
+    from ablate.compose import validate
+    from ablate.metrics.flops import FlopModel
+    from ablate.predict import for_run
+    from conftest import compose_cfg
+
+    cfg = validate(compose_cfg(["model=small", "precision=bf16", "parallel=fsdp2", "launcher.nproc_per_node=8"]))
+    layout = parallel.layout_of(cfg)
+    facts = {"modeled": {"state_bytes_total": 1.0, "comm_bytes_by_dim.dp_shard": 3e9}, "blocks": {"count": 12}}
+    gpu = SimpleNamespace(peak=SimpleNamespace(device_name="NVIDIA H100 80GB HBM3", measured=600e12),
+                          flop_model=FlopModel.analytic(cfg.model))
+    p = for_run(cfg, layout, facts, gpu, notes := {})
+    assert p["step_time_s"] > 0 and 0 < p["mfu"] < 1 and not notes
+    assert p["rate_source"].startswith("this GPU's calibrated GEMM rate") and set(p["exposed_comm_s"]) == {"dp_shard"}
+    tokens = 8 * 8 * cfg.train.seq_len                         # 8 data-parallel ranks x batch 8 x seq
+    assert p["tokens_per_s"] == pytest.approx(tokens / p["step_time_s"])
+    cpu = SimpleNamespace(peak=SimpleNamespace(device_name="cpu", measured=1e11), flop_model=gpu.flop_model)
+    assert for_run(cfg, layout, facts, cpu, notes) is None and "not predicted on a CPU" in notes["predicted"]

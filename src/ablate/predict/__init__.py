@@ -14,14 +14,16 @@ Per optimizer step and rank:
   parallelism's collectives and the pipeline's sends sit on the critical path, all exposed.
 step = compute (/ (1 - bubble)) + the exposed communication. Left out: the optimizer's step (memory-bound), data
 wait, kernel launch gaps, the interference of communication with compute. Pure arithmetic on the figures given:
-the plan (`ablate.plan --hardware`) and tests give them.
+the plan (`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's `predicted`) and tests give them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
+from ablate import hardware
 from ablate.config.schedules import expected as expected_bubble
+from ablate.precision import numerics
 
 # nccl-tests' bus-bandwidth factor per mesh dim's collectives (docs: PERFORMANCE.md of nccl-tests)
 BUS_FACTOR = {"dp_shard": lambda n: (n - 1) / n, "dp_replicate": lambda n: 2 * (n - 1) / n,
@@ -122,3 +124,38 @@ def of_hardware(hw) -> Machine:
 def pipeline_bubble(parallel) -> float:
     return expected_bubble(parallel.pp_schedule, parallel.pp, parallel.microbatches, parallel.pp_stages_per_rank) \
         if parallel.pp > 1 else 0.0
+
+
+# why a CPU run records no prediction: its step is mostly per-op dispatch, which the model has no term for
+NO_CPU_MODEL = ("not predicted on a CPU: a small model's step here is mostly per-op dispatch and Python (the model "
+                "has FLOPs and bytes, no overhead term); a GPU run predicts its step from its calibrated GEMM rate")
+
+
+def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
+    """The machine a GPU run is on: its hardware file's links and datasheet peak, and its own calibrated GEMM rate
+    (metrics/peak.py's probe, the run's dtype) as the matmul rate where there is one."""
+    machine = of_hardware(hw)
+    if not measured_rate:
+        return machine
+    return Machine({**machine.rate, column: measured_rate}, machine.peak, machine.intra_bytes_per_s,
+                   machine.inter_bytes_per_s, "this GPU's calibrated GEMM rate (metrics/peak.py)", hw.name)
+
+
+def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, str]) -> Optional[Dict[str, object]]:
+    """summary.json's `predicted`: this run on its own GPU (its hardware file, its calibrated GEMM rate, its FLOP
+    model, the comm model's bytes in `facts["modeled"]`); on a CPU, or a GPU without a hardware file, None and the
+    reason in `notes`."""
+    peak = throughput.peak
+    hw = hardware.for_device(peak.device_name) if peak.device_name != "cpu" else None
+    if hw is None:
+        notes["predicted"] = NO_CPU_MODEL if peak.device_name == "cpu" else \
+            f"not predicted: no hardware file for {peak.device_name} (conf/hardware)"
+        return None
+    t, column = cfg.train, numerics(cfg.precision.name).peak_column
+    tokens = t.batch_size * t.seq_len * t.grad_accum
+    per_replica = throughput.flop_model.training(tokens, tokens * t.seq_len)
+    comm = {k.split(".", 1)[1]: v for k, v in facts["modeled"].items() if k.startswith("comm_bytes_by_dim.")}
+    step = Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks, comm,
+                tokens * layout.dp, facts["blocks"]["count"] or 0, layout.record(), cfg.launcher.nproc_per_node,
+                cfg.parallel.name, column, pipeline_bubble(cfg.parallel))
+    return predict(step, of_run(hw, peak.measured, column))

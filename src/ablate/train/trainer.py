@@ -29,6 +29,7 @@ from ablate.model.facts import declared_vocab, flop_model, measure, split_flags
 from ablate.model.peak import plan_peak
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
+from ablate.predict import for_run
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Diverged, Loop
 
@@ -220,6 +221,7 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
         "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor,
                                       layout.pp_rank if layout.pp > 1 else None),
         **pipeline_figures(per_rank),
+        "predicted": for_run(cfg, layout, facts, loop.meter.throughput, loop.meter.notes),
         # (drops the ranks' long_steps and long_gaps)
         "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
                                     steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
