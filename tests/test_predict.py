@@ -95,3 +95,24 @@ def test_a_gpu_run_predicts_its_step_from_its_calibrated_rate_and_a_cpu_run_says
     assert p["tokens_per_s"] == pytest.approx(tokens / p["step_time_s"])
     cpu = SimpleNamespace(peak=SimpleNamespace(device_name="cpu", measured=1e11), flop_model=gpu.flop_model)
     assert for_run(cfg, layout, facts, cpu, notes) is None and "not predicted on a CPU" in notes["predicted"]
+
+
+@pytest.mark.slow
+def test_the_advisor_ranks_what_fits_and_its_sweep_runs(tmp_path, capsys):
+    """`ablate.plan --rank --hardware h100_sxm ... --write-sweep DIR/sweeps/adv.yaml --arms 2`, in process (~20 s:
+    144 layouts composed and planned), then the written sweep run by `ablate.sweeps --config-dir DIR adv` (2 runs of
+    4 ranks, 4 steps: +25 s)."""
+    from ablate import plan
+    from ablate.sweeps.__main__ import main as sweeps_main
+    from conftest import drive_in_process
+
+    sweep = tmp_path / "conf" / "sweeps" / "adv.yaml"
+    plan.main(["--rank", "--json", "--hardware", "h100_sxm", "model=tiny", "launcher.nproc_per_node=4",
+               "precision=bf16", "--write-sweep", str(sweep), "--arms", "2"])
+    out = json.loads(capsys.readouterr().out)
+    ranked = out["ranked"]
+    assert ranked and [r["tokens_per_s"] for r in ranked] == sorted((r["tokens_per_s"] for r in ranked), reverse=True)
+    assert all(r["peak_bytes"] <= 80 * 2**30 for r in ranked) and out["left_out"]   # tp 4 and 8: tiny's kv heads
+    assert drive_in_process(sweeps_main, ["--config-dir", str(tmp_path / "conf"), "adv", "--dir", str(tmp_path / "d"),
+                                          "--", "logger=none", "train.steps=4", "train.warmup_steps=1"]) == 0
+    assert len(list((tmp_path / "d").glob("adv/*/summary.json"))) == 2

@@ -22,19 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Dict, List
 
-from ablate import hardware, parallel, units
-from ablate import precision as precision_group
-from ablate.config import AblateConfig
+from ablate import advise, hardware, parallel, units
+from ablate.config import AblateConfig, ConfigError
 from ablate.config import arguments as cli
 from ablate.config.dims import described
-from ablate.model import build_net
-from ablate.model.facts import flop_model, measure
+from ablate.model.facts import measure
 from ablate.model.peak import by_stage, plan_peak
-from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.state_bytes import Breakdown
-from ablate.predict import Step, of_hardware, pipeline_bubble, predict
+from ablate.predict import for_plan
 
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
 
@@ -71,20 +69,6 @@ def plan(cfg: AblateConfig) -> Dict[str, object]:
             "activation_checkpointing": cfg.model.activation_checkpointing,
             "micro_batch": f"{cfg.train.batch_size} x {cfg.train.seq_len} tokens",
             **(peak.record() if peak else {"peak_bytes": None})}
-
-
-def predicted(cfg: AblateConfig, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]:
-    """One step's time, tokens/s and MFU on this hardware for the layout (src/ablate/predict: the model)."""
-    t = cfg.train
-    flops = flop_model(cfg.model, t.seq_len, build_net(cfg.model, "meta"))
-    tokens = t.batch_size * t.seq_len * t.grad_accum   # one replica's, per optimizer step
-    per_replica = flops.training(tokens, tokens * t.seq_len)
-    step = Step(hw_flops=per_replica.hardware / layout.model_ranks, model_flops=per_replica.model / layout.model_ranks,
-                comm_bytes=expected_comm(cfg, layout, n_params), tokens=tokens * layout.dp, n_blocks=n_blocks,
-                sizes=layout.record(), nproc_per_node=cfg.launcher.nproc_per_node, strategy=cfg.parallel.name,
-                column=precision_group.numerics(cfg.precision.name).peak_column,
-                bubble=pipeline_bubble(cfg.parallel))
-    return predict(step, of_hardware(hw))
 
 
 def fits(p: Dict[str, object], hw) -> Dict[str, object]:
@@ -173,26 +157,52 @@ def parser() -> argparse.ArgumentParser:
                    help="the GPU to plan for (conf/hardware: a100_80gb, h100_sxm, h100_pcie, h200, b200; or a YAML "
                         "file of yours): says whether the peak fits its memory, and predicts a step's time, tokens/s "
                         "and MFU there (docs/prediction.md)")
+    p.add_argument("--rank", action="store_true", help="with --hardware: try the layouts of the advisor's grid "
+                   "(strategy, tp, pp, checkpointing, bf16 all-gathers), keep those that fit, rank them by "
+                   "predicted tokens/s (docs/prediction.md)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="--rank: the layouts shown (10)")
+    p.add_argument("--write-sweep", metavar="FILE", default=None,
+                   help="--rank: write the top --arms layouts as a sweeps/ file (DIR/sweeps/NAME.yaml runs as "
+                        "python -m ablate.sweeps --config-dir DIR NAME)")
+    p.add_argument("--arms", type=int, default=3, metavar="K", help="--write-sweep: the layouts it holds (3)")
     p.add_argument("--config-dir", action="append", default=[], metavar="DIR", type=cli.in_dir,
                    help="a config dir of your own (model/, optim/, ... files)")
     p.add_argument("overrides", nargs="*", help="as for python -m ablate")
     return p
 
 
+def advised(args, argv: List[str]) -> None:
+    """--rank: the advisor's ranking (src/ablate/advise), and its sweep file when asked."""
+    if not args.hardware:
+        raise ConfigError("--rank: give --hardware NAME|FILE (the GPU the layouts must fit and are predicted on)")
+    hw = hardware.named(args.hardware)
+    rows, left_out = advise.rank(argv, hw)
+    if args.json:
+        print(json.dumps({"hardware": hw.name, "ranked": rows, "left_out": dict(left_out)}))
+    else:
+        advise.render(rows, left_out, hw, args.top)
+    if args.write_sweep and rows:
+        advise.write_sweep(rows[:args.arms], argv, Path(args.write_sweep))
+        print(f"sweep: {args.write_sweep} ({min(args.arms, len(rows))} layouts)", file=sys.stderr)
+
+
 def main(argv: List[str] = None) -> None:
     from ablate.compose import config_of, preflight
-    from ablate.config import ConfigError, exit_code_of
+    from ablate.config import exit_code_of
 
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)   # an unknown flag: usage + one line, exit 2
     argv = [*(f"--config-dir={d}" for d in args.config_dir), *args.overrides]
     try:
-        preflight(argv, hardware=False)   # a plan for any machine: nothing here must run it
+        # a plan for any machine: nothing here must run it (--rank: the grid's first layout, the user's keys checked)
+        preflight(next(advise.layouts(argv)) if args.rank else argv, hardware=False)
+        if args.rank:
+            return advised(args, argv)
         cfg = config_of(argv)[1]
         p = plan(cfg)
         if args.hardware:
             hw = hardware.named(args.hardware)
             p.update(fits(p, hw))
-            p["predicted"] = predicted(cfg, parallel.layout_of(cfg), p["params"], p["blocks"], hw)
+            p["predicted"] = for_plan(cfg, parallel.layout_of(cfg), p["params"], p["blocks"], hw)
         print(as_json(p)) if args.json else render(p)
     except ConfigError as e:
         sys.exit(exit_code_of(e))

@@ -23,6 +23,9 @@ from typing import Dict, Optional
 
 from ablate import hardware
 from ablate.config.schedules import expected as expected_bubble
+from ablate.model import build_net
+from ablate.model.facts import flop_model
+from ablate.parallel.comm_model import expected_comm
 from ablate.precision import numerics
 
 # nccl-tests' bus-bandwidth factor per mesh dim's collectives (docs: PERFORMANCE.md of nccl-tests)
@@ -159,3 +162,17 @@ def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, 
                 tokens * layout.dp, facts["blocks"]["count"] or 0, layout.record(), cfg.launcher.nproc_per_node,
                 cfg.parallel.name, column, pipeline_bubble(cfg.parallel))
     return predict(step, of_run(hw, peak.measured, column))
+
+
+def for_plan(cfg, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]:
+    """`ablate.plan --hardware`'s `predicted`: the layout on that hardware (its file's rate and links), the FLOPs
+    of the model's FLOP model (counted on the meta device for a model not built in)."""
+    t = cfg.train
+    flops = flop_model(cfg.model, t.seq_len, build_net(cfg.model, "meta"))
+    tokens = t.batch_size * t.seq_len * t.grad_accum   # one replica's, per optimizer step
+    per_replica = flops.training(tokens, tokens * t.seq_len)
+    step = Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks,
+                expected_comm(cfg, layout, n_params), tokens * layout.dp, n_blocks, layout.record(),
+                cfg.launcher.nproc_per_node, cfg.parallel.name, numerics(cfg.precision.name).peak_column,
+                pipeline_bubble(cfg.parallel))
+    return predict(step, of_hardware(hw))
