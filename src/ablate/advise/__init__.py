@@ -4,8 +4,10 @@
 Every layout of `GRID` is composed with the user's own overrides (theirs for the knobs the grid sets are
 replaced), refused ones are counted by their reason, the rest planned: the planned peak per GPU (model/peak.py,
 with its GPU allowance) must fit the hardware's memory; what fits is ranked by the predicted tokens/s
-(src/ablate/predict). `write_sweep` writes the top k as a sweeps/ file (the layouts.yaml kind: one arm each, the
-predicted best the baseline) that `python -m ablate.sweeps --config-dir DIR NAME` runs to confirm the ranking.
+(src/ablate/predict), the layouts whose traffic on some dim the comm model leaves out (under a pipeline: every
+dim but pp) after those it models whole, each with that dim named. `write_sweep` writes the top k as a sweeps/
+file (the layouts.yaml kind: one arm each, the predicted best the baseline) that `python -m ablate.sweeps
+--config-dir DIR NAME` runs to confirm the ranking.
 """
 from __future__ import annotations
 
@@ -67,8 +69,11 @@ def rank(argv: List[str], hw) -> Tuple[List[Dict[str, object]], Counter]:
             left_out["not predicted"] += 1
             continue
         rows.append({"overrides": overrides[len(overrides) - len(GRID):], "mesh": layout.record(),
-                     "peak_bytes": peak.bytes, **{k: predicted[k] for k in ("tokens_per_s", "mfu", "step_time_s")}})
-    rows.sort(key=lambda r: -r["tokens_per_s"])
+                     "peak_bytes": peak.bytes, **{k: predicted[k] for k in ("tokens_per_s", "mfu", "step_time_s")},
+                     # a dim whose traffic the comm model has no figure for counts as none: said beside the rank
+                     "not_modelled": [d for d, s in predicted["exposed_comm_s"].items() if s is None]})
+    # a prediction that leaves a dim's traffic out is a bound: those come after every fully modelled one
+    rows.sort(key=lambda r: (bool(r["not_modelled"]), -r["tokens_per_s"]))
     return rows, left_out
 
 
@@ -77,12 +82,14 @@ def render(rows: List[Dict[str, object]], left_out: Counter, hw, top: int) -> No
     from rich.table import Table
 
     table = Table(title=f"the layouts that fit {hw.name}, by predicted tokens/s ({len(rows)} fit)")
-    for col in ("#", "layout", "mesh (pp x R x S x T)", "tokens/s", "MFU", "step", "peak per GPU"):
-        table.add_column(col, justify="left" if col in ("layout", "mesh (pp x R x S x T)") else "right")
+    for col in ("#", "layout", "mesh (pp x R x S x T)", "tokens/s", "MFU", "step", "peak per GPU", "not modelled"):
+        table.add_column(col, justify="left" if col in ("layout", "mesh (pp x R x S x T)") else "right",
+                         overflow="fold")
     for i, r in enumerate(rows[:top], 1):
         table.add_row(str(i), arm_name(r["overrides"]), "x".join(str(v) for v in r["mesh"].values()),
                       units.fmt("tokens_per_s", r["tokens_per_s"]), units.fmt("mfu", r["mfu"]),
-                      units.fmt("step_time_s", r["step_time_s"]), units.fmt("mem_peak_bytes", r["peak_bytes"]))
+                      units.fmt("step_time_s", r["step_time_s"]), units.fmt("mem_peak_bytes", r["peak_bytes"]),
+                      ", ".join(r["not_modelled"]) or "—")
     console = Console()
     console.print(table)
     console.print("layout: strategy, tp, pp, checkpointing (_ckfull, _cksel), bf16 all-gathers (_bf16ag); left out: "

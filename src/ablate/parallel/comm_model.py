@@ -8,9 +8,11 @@ metrics/comm.py counts them: the full buffer of each collective (an all-gather's
   (grad_accum x P + R without resharding).
 - dp_replicate: HSDP all-reduces the reduce-scattered shard once per step, 4 N / (tp x dp_shard); DDP all-reduces
   the whole gradient, 4 N, once per step with no_sync, every micro-step without.
-- tp (the built-in Llama's plan, parallel/tp.py, float32 only): per micro-step, each block all-gathers its two
-  sequence-sharded inputs and reduce-scatters its two outputs, the embedding's output is reduce-scattered and the
-  head's input all-gathered, each b x s x dim, mirrored in backward; the loss, vocab-parallel, all-reduces three
+- tp (the built-in Llama's plan, parallel/tp.py; fp32, bf16, fp16): per micro-step, each block all-gathers its two
+  sequence-sharded inputs (the norms' outputs: float32, the residual stream's dtype) and reduce-scatters its two
+  outputs (matmuls': the compute dtype), the embedding's output is reduce-scattered and the head's input
+  all-gathered (float32), each b x s x dim, mirrored in backward (bf16, tiny, tp 2: 2,104,576 B modelled,
+  2,105,940 counted); the loss, vocab-parallel, all-reduces three
   values per token (b x s x 3; parallel.loss_parallel=false: the logits gathered whole, b x s x vocab);
   the norms' weight gradients (2 per block + the final one, dim each) are all-reduced. The gradient norm's few
   scalar all-reduces are left out.
@@ -30,6 +32,7 @@ FP32 = 4
 
 
 BYTES = {None: 4, "float32": 4, "bf16": 2}
+AUTOCAST_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # a matmul's output under precision= (fp8: not modelled)
 
 
 def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
@@ -47,14 +50,17 @@ def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> floa
 
 def tp_bytes(cfg: AblateConfig) -> Optional[float]:
     m, t = cfg.model, cfg.train
-    if not isinstance(m, ModelConfig) or cfg.precision.name != "fp32" or t.seq_len_min is not None:
+    if not isinstance(m, ModelConfig) or cfg.precision.name not in AUTOCAST_BYTES or t.seq_len_min is not None:
         return None
     tokens = t.batch_size * t.seq_len
     # the loss: vocab-parallel, three all-reduces of one value per token (the max, the sum of exponentials, the
     # target's logit: torch's loss_parallel); else the logits gathered whole
     loss = 3 * tokens if cfg.parallel.vocab_parallel else tokens * m.vocab_size
-    activations = 2 * (2 + 4 * m.n_layers) * tokens * m.dim + loss
-    per_micro = (activations + (2 * m.n_layers + 1) * m.dim) * FP32
+    # per block, the two gathered norm outputs are float32 (the residual stream's dtype), the two reduce-scattered
+    # matmul outputs the compute dtype's; outside, the embedding's output and the head's input float32; x2: backward
+    low = AUTOCAST_BYTES[cfg.precision.name]
+    activations = 2 * (2 * FP32 + m.n_layers * (2 * FP32 + 2 * low)) * tokens * m.dim
+    per_micro = activations + (loss + (2 * m.n_layers + 1) * m.dim) * FP32
     return t.grad_accum * per_micro
 
 
