@@ -4,8 +4,8 @@
 Every layout of `GRID` is composed with the user's own overrides (theirs for the knobs the grid sets are
 replaced), refused ones are counted by their reason, the rest planned: the planned peak per GPU (model/peak.py,
 with its GPU allowance) must fit the hardware's memory; what fits is ranked by the predicted tokens/s
-(src/ablate/predict), the layouts whose traffic on some dim the comm model leaves out (under a pipeline: every
-dim but pp) after those it models whole, each with that dim named. `write_sweep` writes the top k as a sweeps/
+(src/ablate/predict), the layouts whose traffic on some dim the comm model leaves out (ZeRO's; a pipelined model
+not built in) after those it models whole, each with that dim named. `write_sweep` writes the top k as a sweeps/
 file (the layouts.yaml kind: one arm each, the predicted best the baseline) that `python -m ablate.sweeps
 --config-dir DIR NAME` runs to confirm the ranking.
 """

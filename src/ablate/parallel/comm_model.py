@@ -19,7 +19,11 @@ metrics/comm.py counts them: the full buffer of each collective (an all-gather's
 - pp (the built-in Llama): rank 0's sends. Each micro-batch's hidden state (b / m x s x dim, float32: the residual
   stream; / tp, cut along the sequence under TP) leaves each of its v stages forward, and its gradient goes back
   from each stage but the first: m x (2v - 1) x that, plus the gradient norm's one value summed over the stages.
-ZeRO's own bucketing is not modelled (None); nor, under a pipeline, the other dims (a stage's share of the layers).
+Under a pipeline every dim is rank 0's: its share of the parameters (the embedding and L / pp blocks), FSDP's
+gathers once per micro-batch's forward and once for the backward (m + 1; torch's PipelineStage keeps them through
+the backward), TP's traffic of its blocks and the embedding (pp2 x fsdp2, tiny with 4 layers: dp_shard 2,758,656
+modelled, 2,758,732 counted; pp2 x tp2: tp 2,360,320 modelled, 2,361,420 counted). A model not built in: None.
+ZeRO's own bucketing is not modelled (None).
 """
 from __future__ import annotations
 
@@ -35,9 +39,21 @@ BYTES = {None: 4, "float32": 4, "bf16": 2}
 AUTOCAST_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # a matmul's output under precision= (fp8: not modelled)
 
 
+def rank0_params(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
+    """The parameters rank 0 holds under a pipeline (the built-in Llama): the embedding and its stages' L / pp
+    blocks."""
+    m = cfg.model
+    embedding = m.vocab_size * m.dim
+    head = 0 if m.tie_embeddings else embedding
+    return embedding + (n_params - embedding - head - m.dim) / layout.pp
+
+
 def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
     p = cfg.parallel
-    gathers = 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
+    if layout.pp > 1:   # each micro-batch's forward gathers again; the backward keeps them (torch's PipelineStage)
+        gathers = p.microbatches + 1 if p.reshard_after_forward else 1
+    else:
+        gathers = 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
     return (gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]) * n_params / layout.tp
 
 
@@ -48,7 +64,7 @@ def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> floa
     return reductions * FP32 * n_params
 
 
-def tp_bytes(cfg: AblateConfig) -> Optional[float]:
+def tp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     m, t = cfg.model, cfg.train
     if not isinstance(m, ModelConfig) or cfg.precision.name not in AUTOCAST_BYTES or t.seq_len_min is not None:
         return None
@@ -56,11 +72,14 @@ def tp_bytes(cfg: AblateConfig) -> Optional[float]:
     # the loss: vocab-parallel, three all-reduces of one value per token (the max, the sum of exponentials, the
     # target's logit: torch's loss_parallel); else the logits gathered whole
     loss = 3 * tokens if cfg.parallel.vocab_parallel else tokens * m.vocab_size
+    # rank 0 under a pipeline: its L / pp blocks and the embedding; no head, no loss, no final norm
+    blocks, ends = (m.n_layers / layout.pp, 1) if layout.pp > 1 else (m.n_layers, 2)
+    loss = 0 if layout.pp > 1 else loss
     # per block, the two gathered norm outputs are float32 (the residual stream's dtype), the two reduce-scattered
     # matmul outputs the compute dtype's; outside, the embedding's output and the head's input float32; x2: backward
     low = AUTOCAST_BYTES[cfg.precision.name]
-    activations = 2 * (2 * FP32 + m.n_layers * (2 * FP32 + 2 * low)) * tokens * m.dim
-    per_micro = activations + (loss + (2 * m.n_layers + 1) * m.dim) * FP32
+    activations = 2 * (ends * FP32 + blocks * (2 * FP32 + 2 * low)) * tokens * m.dim
+    per_micro = activations + (loss + (2 * blocks + ends - 1) * m.dim) * FP32
     return t.grad_accum * per_micro
 
 
@@ -76,15 +95,17 @@ def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str,
     """{mesh dim: bytes per optimizer step} for the dims of more than one rank (None: not modelled)."""
     zero = cfg.parallel.name.startswith("zero")
     out: Dict[str, Optional[float]] = {}
+    if layout.pp > 1 and isinstance(cfg.model, ModelConfig):   # rank 0's share of the model
+        n_params = rank0_params(cfg, layout, n_params)
     for dim in layout.active_dims():
         if dim == "pp":
             out[dim] = pp_bytes(cfg, layout)
-        elif zero or layout.pp > 1:
+        elif zero or (layout.pp > 1 and not isinstance(cfg.model, ModelConfig)):
             out[dim] = None
         elif dim == "dp_shard":
             out[dim] = dp_shard_bytes(cfg, layout, n_params)
         elif dim == "dp_replicate":
             out[dim] = dp_replicate_bytes(cfg, layout, n_params)
         else:
-            out[dim] = tp_bytes(cfg)
+            out[dim] = tp_bytes(cfg, layout)
     return out
