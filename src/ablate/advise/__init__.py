@@ -133,8 +133,9 @@ def write_sweep(rows: List[Dict[str, object]], argv: List[str], path: Path) -> N
                      "technique": "the advisor's top layouts (ablate.plan --rank)", "knob": "sweep.arm",
                      "baseline": names[0], "treatment": names[1:],
                      "claimed_text": "the predicted order of the layouts' tokens/s",
-                     "checks": [{"metric": "tokens_per_s", "effect": "ratio", "claimed": None,
-                                 "what": "throughput against the predicted best (predicted: arm_values)"}]}
+                     "checks": [{"metric": "tokens_per_s", "effect": "ratio", "claimed": None, "expected": "modeled",
+                                 "what": "throughput against the predicted best (expected: each run's own "
+                                         "prediction, on a GPU; the plan's: arm_values)"}]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# @package _global_\n# Written by `python -m ablate.plan --rank --write-sweep`: the top "
                     f"{len(names)} layouts by predicted tokens/s.\n" + yaml.safe_dump(node, sort_keys=False))

@@ -210,6 +210,9 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
                layout: Layout, per_rank, summary, loop: Loop) -> Dict[str, object]:
     """Rank 0's part of summary.json beside the meter's figures: the run, its facts, every rank's, and notes."""
     env, start_step = loop.env, resumed["step"]
+    predicted = for_run(cfg, layout, facts, loop.meter.throughput, loop.meter.notes)
+    if predicted:   # the report's "expected here" for throughput (a check's `expected: modeled`)
+        facts["modeled"]["tokens_per_s"] = predicted["tokens_per_s"]
     return {
         "run_name": run_dir.name, "run_dir": str(run_dir), "choices": choices, "steps": cfg.train.steps,
         "resumed_from_step": start_step,
@@ -221,7 +224,7 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
         "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor,
                                       layout.pp_rank if layout.pp > 1 else None),
         **pipeline_figures(per_rank),
-        "predicted": for_run(cfg, layout, facts, loop.meter.throughput, loop.meter.notes),
+        "predicted": predicted,
         # (drops the ranks' long_steps and long_gaps)
         "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
                                     steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
