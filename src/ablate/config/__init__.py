@@ -1,7 +1,8 @@
 """config/ (conf/config.yaml and every group's schema): what a run is asked to be, checked before it starts.
 
 errors.py (the one-line user error and its exit) <- fields.py (ranges, choices) <- models.py, optims.py,
-parallels.py (the largest groups' schemas) <- groups.py (one dataclass per conf group) <- store.py (registered with Hydra's ConfigStore; Hydra's composition made typed).
+parallels.py (the largest groups' schemas) <- groups.py (one dataclass per conf group) <- store.py (registered
+with Hydra's ConfigStore; Hydra's composition made typed).
 compose.py, one level up, composes a command line once and checks the choices against the registries.
 """
 from ablate.config.errors import EXIT_USAGE, AblateError, ConfigError, RunFailed, RunStopped, exit_code_of
