@@ -29,11 +29,18 @@ def expected(schedule: str, p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (work + p - 1)
 
 
-def in_flight(schedule: str, p: int, m: int, v: int, rank: int) -> float:
+def expected_of(parallel) -> float:
+    """The bubble a `parallel` node's pipeline is expected to leave (0 without one): the run's record, the plan's
+    prediction and the report's "expected here" read it here."""
+    return expected(parallel.pp_schedule, parallel.pp, parallel.microbatches, parallel.pp_stages_per_rank)
+
+
+def in_flight(parallel, rank: int) -> float:
     """Micro-batches whose activations pp rank `rank` holds at once, counted through all its v stages: GPipe runs
     every forward first (m); 1F1B's rank r runs p - r forwards before its first backward (Narayanan et al. 2021,
     2.2.1); the interleaved schedules' warm-up is torch's (`_get_warmup_ops`: (v - 1) x the micro-batches of a
     round + 2 per hop from the last rank), each a forward through one of its v stages."""
+    schedule, p, m, v = parallel.pp_schedule, parallel.pp, parallel.microbatches, parallel.pp_stages_per_rank
     if schedule == "gpipe":
         return float(m)
     if schedule not in MULTI_STAGE:

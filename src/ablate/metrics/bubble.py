@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ablate.config.schedules import SOURCES, expected
+from ablate.config.schedules import SOURCES, expected_of
 from ablate.metrics.collectors import BuiltIn, Span
 
 
@@ -63,11 +63,12 @@ class Bubble(BuiltIn):
     """summary.json's `pp_bubble` (this rank's, measured over the measured steps), `pp_bubble_expected` and the
     schedule's name; per log row, the interval's bubble."""
 
-    def __init__(self, clock: StageClock, schedule: str, p: int, m: int, v: int):
+    def __init__(self, clock: StageClock, parallel):
         super().__init__()
         self.clock = clock
-        self.expected = expected(schedule, p, m, v)
-        self.schedule, self.shape = schedule, {"pp": p, "microbatches": m, "stages_per_rank": v}
+        self.expected = expected_of(parallel)
+        self.schedule, self.shape = parallel.pp_schedule, {"pp": parallel.pp, "microbatches": parallel.microbatches,
+                                                           "stages_per_rank": parallel.pp_stages_per_rank}
         self.totals = dict(pp_busy_s=0.0, pp_wall_s=0.0)
         self._busy = self._wall = 0.0
         self._measured = False

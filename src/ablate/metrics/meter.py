@@ -36,9 +36,7 @@ def built_in(cfg: AblateConfig, env, feeder, strategy, flop_model, layout, notes
     """ablate's own figures, one collector per concern, in the order their keys come in a log row."""
     throughput = Throughput(cfg, env, feeder, flop_model, layout, notes)
     # the machine's speed first: its probe at start precedes the other collectors' readings
-    p = cfg.parallel
-    bubble = [Bubble(strategy.pipeline.clock, p.pp_schedule, p.pp, p.microbatches, p.pp_stages_per_rank)] \
-        if strategy.pipeline is not None else []
+    bubble = [Bubble(strategy.pipeline.clock, cfg.parallel)] if strategy.pipeline is not None else []
     return [MachineSpeed(cfg, env, throughput.peak, notes), Health(env, strategy), Memory(env.device, notes),
             throughput, DataWait(feeder), Phases(env.device), GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes),
             Comm(strategy.comm, layout), *bubble, HostLoad()]

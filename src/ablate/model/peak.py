@@ -185,7 +185,7 @@ def by_stage(cfg: AblateConfig, layout: Layout, facts: ModelFacts):
     p = cfg.parallel
     micro = cfg.train.batch_size // p.microbatches
     for rank in sorted({0, p.pp - 1}):
-        held = micro * in_flight(p.pp_schedule, p.pp, p.microbatches, p.pp_stages_per_rank, rank)
+        held = micro * in_flight(p, rank)
         yield stage_share(facts, p.pp, p.pp_stages_per_rank, rank), held
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 from ablate import hardware
-from ablate.config.schedules import expected as expected_bubble
+from ablate.config.schedules import expected_of
 from ablate.model import build_net
 from ablate.model.facts import flop_model
 from ablate.parallel.comm_model import expected_comm
@@ -124,11 +124,6 @@ def of_hardware(hw) -> Machine:
                    "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)", hw.name)
 
 
-def pipeline_bubble(parallel) -> float:
-    return expected_bubble(parallel.pp_schedule, parallel.pp, parallel.microbatches, parallel.pp_stages_per_rank) \
-        if parallel.pp > 1 else 0.0
-
-
 # why a CPU run records no prediction: its step is mostly per-op dispatch, which the model has no term for
 NO_CPU_MODEL = ("not predicted on a CPU: a small model's step here is mostly per-op dispatch and Python (the model "
                 "has FLOPs and bytes, no overhead term); a GPU run predicts its step from its calibrated GEMM rate")
@@ -154,25 +149,24 @@ def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, 
         notes["predicted"] = NO_CPU_MODEL if peak.device_name == "cpu" else \
             f"not predicted: no hardware file for {peak.device_name} (conf/hardware)"
         return None
-    t, column = cfg.train, numerics(cfg.precision.name).peak_column
-    tokens = t.batch_size * t.seq_len * t.grad_accum
-    per_replica = throughput.flop_model.training(tokens, tokens * t.seq_len)
     comm = {k.split(".", 1)[1]: v for k, v in facts["modeled"].items() if k.startswith("comm_bytes_by_dim.")}
-    step = Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks, comm,
-                tokens * layout.dp, facts["blocks"]["count"] or 0, layout.record(), cfg.launcher.nproc_per_node,
-                cfg.parallel.name, column, pipeline_bubble(cfg.parallel))
-    return predict(step, of_run(hw, peak.measured, column))
+    step = step_of(cfg, layout, throughput.flop_model, comm, facts["blocks"]["count"] or 0)
+    return predict(step, of_run(hw, peak.measured, step.column))
 
 
 def for_plan(cfg, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]:
     """`ablate.plan --hardware`'s `predicted`: the layout on that hardware (its file's rate and links), the FLOPs
     of the model's FLOP model (counted on the meta device for a model not built in)."""
+    flops = flop_model(cfg.model, cfg.train.seq_len, build_net(cfg.model, "meta"))
+    return predict(step_of(cfg, layout, flops, expected_comm(cfg, layout, n_params), n_blocks), of_hardware(hw))
+
+
+def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks: int) -> Step:
+    """One optimizer step of the run `cfg` asks for on `layout`: a device's share of its replica's FLOPs (the FLOP
+    model's, recompute included), the comm model's bytes, the pipeline's expected bubble."""
     t = cfg.train
-    flops = flop_model(cfg.model, t.seq_len, build_net(cfg.model, "meta"))
     tokens = t.batch_size * t.seq_len * t.grad_accum   # one replica's, per optimizer step
     per_replica = flops.training(tokens, tokens * t.seq_len)
-    step = Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks,
-                expected_comm(cfg, layout, n_params), tokens * layout.dp, n_blocks, layout.record(),
-                cfg.launcher.nproc_per_node, cfg.parallel.name, numerics(cfg.precision.name).peak_column,
-                pipeline_bubble(cfg.parallel))
-    return predict(step, of_hardware(hw))
+    return Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks, comm_bytes,
+                tokens * layout.dp, n_blocks, layout.record(), cfg.launcher.nproc_per_node, cfg.parallel.name,
+                numerics(cfg.precision.name).peak_column, expected_of(cfg.parallel))

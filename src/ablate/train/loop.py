@@ -53,6 +53,8 @@ class Loop:
         self.step_memory: Optional[StepMemory] = None   # one step's peak (metrics/step_memory.py)
         self.collected = Collected(cfg.metrics.collectors)   # the user's own figures (metrics.collectors)
         self.last_loss = None
+        if strategy.pipeline is not None:   # absent under a schedule (counted around one module's forward only)
+            self.meter.notes["activation_bytes"] = PIPELINE_UNCOUNTED
 
     def micro_steps(self) -> None:
         t, strategy = self.cfg.train, self.strategy
@@ -83,7 +85,6 @@ class Loop:
         """parallel.pp > 1: the schedule owns the step's forward and backward over its micro-batches
         (parallel/pipeline.py); its loss is the step's, on every rank of the pipeline."""
         x, y = next(self.feeder)
-        self.meter.notes["activation_bytes"] = PIPELINE_UNCOUNTED   # (absent: not counted inside a schedule)
         self.meter.clock.begin()
         with self.strategy.autocast():
             loss = self.strategy.pipeline.step(x, y)

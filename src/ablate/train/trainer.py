@@ -14,7 +14,7 @@ import torch
 from ablate import allocator, parallel
 from ablate import precision as precision_group
 from ablate.config import AblateConfig, ConfigError, RunStopped
-from ablate.config.schedules import expected as expected_bubble
+from ablate.config.schedules import expected_of
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
@@ -79,9 +79,8 @@ def modeled(cfg: AblateConfig, layout: Layout, numels, n_params: int, split=None
     comm = {f"comm_bytes_by_dim.{d}": v for d, v in expected_comm(cfg, layout, n_params).items()}
     # a pipeline's rank holds its stages' share (ablate.plan plans it per stage; not here, from the whole model)
     state = parallel.plan_bytes(numels, cfg, layout, split).total if layout.pp == 1 else None
-    p = cfg.parallel   # a pipeline's bubble, as its schedule expects it (config/schedules.py)
-    bubble = {"pp_bubble": expected_bubble(p.pp_schedule, p.pp, p.microbatches, p.pp_stages_per_rank)} \
-        if layout.pp > 1 else {}
+    # a pipeline's bubble, as its schedule expects it (config/schedules.py)
+    bubble = {"pp_bubble": expected_of(cfg.parallel)} if layout.pp > 1 else {}
     return {"state_bytes_total": state, **comm, **bubble}
 
 
