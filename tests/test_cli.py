@@ -114,8 +114,8 @@ def test_a_bug_keeps_its_traceback_and_is_never_dressed_as_a_config_error(tmp_pa
 
 
 def test_library_code_raises_and_only_the_entry_points_exit():
-    """No SystemExit, sys.exit or os._exit in ablate's library modules: the entry points (`__main__.py` files,
-    plan.py and maxbatch.py's main) map typed errors to exit codes; a spawned rank's own top (launcher/local.py),
+    """No SystemExit, sys.exit or os._exit in ablate's library modules: the entry points (`__main__.py` files) map
+    typed errors to exit codes; a spawned rank's own top (launcher/local.py),
     a requeued Slurm task that must leave without unwinding (train/signals.py) and a sweep's driver leaving as
     Slurm requeues its job (sweeps/allocation.py) are the documented exceptions."""
     import re
@@ -123,8 +123,7 @@ def test_library_code_raises_and_only_the_entry_points_exit():
     from conftest import REPO
 
     allowed = {"__main__.py", "sweeps/__main__.py", "report/__main__.py", "baseline/__main__.py", "tune/__main__.py",
-               "check/__main__.py",
-               "plan.py", "maxbatch.py",
+               "check/__main__.py", "plan/__main__.py", "maxbatch/__main__.py",
                "launcher/local.py", "train/signals.py", "sweeps/allocation.py"}
     package = REPO / "src" / "ablate"
     found = {str(p.relative_to(package)) for p in package.rglob("*.py")

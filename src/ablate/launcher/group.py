@@ -2,7 +2,7 @@
 that whatever stops it reaches all of it (its ranks, its loader workers) and nothing is left orphaned: past
 its timeout the group is killed and the result says so (exit 124); Ctrl-C or SIGTERM to the caller is passed
 on, the child checkpoints at its next step boundary and ends, and the caller stops (RunStopped) in one line.
-The one place ablate's drivers start such a child (sweeps/runner.py, tune/, maxbatch.py)."""
+The one place ablate's drivers start such a child (sweeps/runner.py, tune/, maxbatch/)."""
 from __future__ import annotations
 
 import contextlib

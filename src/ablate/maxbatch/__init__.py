@@ -170,13 +170,16 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m ablate.maxbatch` (maxbatch/__main__.py exits with what it returns): 0, or an error's exit code
+    after its one line."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         args.overrides = [*config_dir_override(args.config_dir), *args.overrides]
         run(args)
     except AblateError as e:
-        sys.exit(exit_code_of(e, "ablate.maxbatch"))
+        return exit_code_of(e, "ablate.maxbatch")
+    return 0
 
 
 def compose(overrides: List[str]):
@@ -263,6 +266,3 @@ def _write(summary: Dict[str, object], cfg, resolved: Dict, choices: Dict[str, s
           f"{' (the --limit; more may fit)' if summary['limit_reached'] else ''} after {len(summary['trials'])} "
           f"trials; {run_dir / 'summary.json'}" + (f"\nnote: {CPU_NOTE}" if summary["device"] == "cpu" else ""))
 
-
-if __name__ == "__main__":
-    main()

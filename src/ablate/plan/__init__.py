@@ -171,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def advised(args, argv: List[str]) -> None:
+def advised(args, argv: List[str]) -> int:
     """--rank: the advisor's ranking (src/ablate/advise), and its sweep file when asked."""
     if not args.hardware:
         raise ConfigError("--rank: give --hardware NAME|FILE (the GPU the layouts must fit and are predicted on)")
@@ -184,9 +184,12 @@ def advised(args, argv: List[str]) -> None:
     if args.write_sweep and rows:
         advise.write_sweep(rows[:args.arms], argv, Path(args.write_sweep))
         print(f"sweep: {args.write_sweep} ({min(args.arms, len(rows))} layouts)", file=sys.stderr)
+    return 0
 
 
-def main(argv: List[str] = None) -> None:
+def main(argv: List[str] = None) -> int:
+    """`python -m ablate.plan` (plan/__main__.py exits with what it returns): 0, or a ConfigError's exit code after
+    its one line."""
     from ablate.compose import config_of, preflight
     from ablate.config import exit_code_of
 
@@ -205,8 +208,5 @@ def main(argv: List[str] = None) -> None:
             p["predicted"] = for_plan(cfg, parallel.layout_of(cfg), p["params"], p["blocks"], hw)
         print(as_json(p)) if args.json else render(p)
     except ConfigError as e:
-        sys.exit(exit_code_of(e))
-
-
-if __name__ == "__main__":
-    main()
+        return exit_code_of(e)
+    return 0
