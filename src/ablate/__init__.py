@@ -15,3 +15,11 @@ def user_cache_dir() -> Path:
     $XDG_CACHE_HOME/ablate (~/.cache/ablate)."""
     return Path(os.environ.get("ABLATE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "ablate"
                 ).expanduser()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask (taskset, a cpuset) where the OS has one (Linux),
+    else every core of the host (macOS has no sched_getaffinity)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

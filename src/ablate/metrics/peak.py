@@ -28,7 +28,7 @@ from ablate.precision import numerics
 
 
 @contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     """An exclusive lock beside `path`: ranks starting together measure once; the others wait and read."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
@@ -51,7 +51,7 @@ def measured_peak(device: torch.device, device_name: str, dtype: torch.dtype, n:
     for this key) a fresh probe."""
     path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
     key = peak_key(device_name, dtype, n)
-    with _locked(path):
+    with locked(path):
         try:
             entries = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -76,7 +76,7 @@ def forget_this_host(cache: Optional[str] = None) -> int:
     """Drop this host's measured peaks (`ablate.sweeps --measure-peak`): the next run measures again, and the
     runs after it reuse that. Returns how many were dropped."""
     path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
-    with _locked(path):
+    with locked(path):
         try:
             entries = json.loads(path.read_text())
         except (OSError, ValueError):

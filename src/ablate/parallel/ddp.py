@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ablate.parallel.base import TorchStrategy
@@ -27,6 +27,16 @@ def buffer_sync(model) -> dict:
     return {key: False}
 
 
+def allreduce_mean(state, bucket):   # (no annotation: DDP compares it with the type, not a string)
+    """torch's default all-reduce hook (default_hooks.allreduce_hook: the bucket divided by the world, summed over
+    it, in Python so that the collective counter sees each bucket), its future giving the bucket itself rather than
+    the collective's result (the same tensor, reduced in place): so it also runs on torch's fake process group,
+    whose futures carry nothing (the step-time model runs a rank's step on one, predict/here.py)."""
+    group = state if state is not None else dist.group.WORLD
+    tensor = bucket.buffer().div_(group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda _: tensor)
+
+
 class DDP(TorchStrategy):
     """Replicated float32 parameters; float32 gradients all-reduced in buckets over the mesh's `dp_replicate` dim
     (torch's default all-reduce hook, in Python so that the collective counter sees each bucket)."""
@@ -38,7 +48,7 @@ class DDP(TorchStrategy):
                                       **buffer_sync(model), **buckets)
         super().__init__(ddp, train, optim_cfg, precision, device, layout, mesh)
         self.no_sync = parallel.no_sync
-        ddp.register_comm_hook(None, allreduce_hook)
+        ddp.register_comm_hook(None, allreduce_mean)
 
     def micro_step(self, last: bool):
         if self.no_sync and not last:

@@ -32,8 +32,9 @@ from ablate.config.dims import described
 from ablate.model.facts import measure
 from ablate.model.peak import by_stage, plan_peak
 from ablate.parallel.state_bytes import Breakdown
-from ablate.predict import for_plan
+from ablate.predict import for_plan, here
 
+HERE = "here"   # --hardware here: this machine (a CPU run's step, predicted from measurements here)
 NOMINAL_PARAMS = {"1b": 1e9, "8b": 8e9, "70b": 70e9}   # the round numbers the article's arithmetic uses
 
 
@@ -131,6 +132,7 @@ def render(p: Dict[str, object]) -> None:
         console.print(f"On {hw['name']} ({gb(hw['memory_bytes'])} per GPU): "
                       + (f"[bold]fits[/bold], {gb(left)} left" if p["fits"] else
                          f"[bold]does not fit[/bold]: {gb(-left)} over"))
+    if "predicted" in p:
         render_predicted(console, p["predicted"])
 
 
@@ -140,8 +142,9 @@ def render_predicted(console, pred: Dict[str, object]) -> None:
         return
     exposed = ", ".join(f"{d} {units.fmt('step_time_s', s)}" if s is not None else f"{d} not modelled"
                         for d, s in pred["exposed_comm_s"].items()) or "none"
+    mfu = f", MFU {units.fmt('mfu', pred['mfu'])}" if pred.get("mfu") is not None else ""
     console.print(f"Predicted step: [bold]{units.fmt('step_time_s', pred['step_time_s'])}[/bold], "
-                  f"{units.fmt('tokens_per_s', pred['tokens_per_s'])}, MFU {units.fmt('mfu', pred['mfu'])} "
+                  f"{units.fmt('tokens_per_s', pred['tokens_per_s'])}{mfu} "
                   f"(compute {units.fmt('step_time_s', pred['compute_s'])}, exposed communication: {exposed}; "
                   f"{pred['rate_source']}); how: docs/prediction.md.")
 
@@ -156,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", metavar="NAME|FILE", default=None,
                    help="the GPU to plan for (conf/hardware: a100_80gb, h100_sxm, h100_pcie, h200, b200; or a YAML "
                         "file of yours): says whether the peak fits its memory, and predicts a step's time, tokens/s "
-                        "and MFU there (docs/prediction.md)")
+                        "and MFU there; `here`: this machine's CPU step, from measurements here (docs/prediction.md)")
     p.add_argument("--rank", action="store_true", help="with --hardware: try the layouts of the advisor's grid "
                    "(strategy, tp, pp, checkpointing, bf16 all-gathers), keep those that fit, rank them by "
                    "predicted tokens/s (docs/prediction.md)")
@@ -173,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
 
 def advised(args, argv: List[str]) -> int:
     """--rank: the advisor's ranking (src/ablate/advise), and its sweep file when asked."""
-    if not args.hardware:
+    if not args.hardware or args.hardware == HERE:
         raise ConfigError("--rank: give --hardware NAME|FILE (the GPU the layouts must fit and are predicted on)")
     hw = hardware.named(args.hardware)
     rows, left_out = advise.rank(argv, hw)
@@ -202,7 +205,9 @@ def main(argv: List[str] = None) -> int:
             return advised(args, argv)
         cfg = config_of(argv)[1]
         p = plan(cfg)
-        if args.hardware:
+        if args.hardware == HERE:   # this machine: measured here (predict/here.py), not a datasheet
+            p["predicted"] = here.predict(cfg)
+        elif args.hardware:
             hw = hardware.named(args.hardware)
             p.update(fits(p, hw))
             p["predicted"] = for_plan(cfg, parallel.layout_of(cfg), p["params"], p["blocks"], hw)

@@ -124,9 +124,11 @@ def of_hardware(hw) -> Machine:
                    "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)", hw.name)
 
 
-# why a CPU run records no prediction: its step is mostly per-op dispatch, which the model has no term for
-NO_CPU_MODEL = ("not predicted on a CPU: a small model's step here is mostly per-op dispatch and Python (the model "
-                "has FLOPs and bytes, no overhead term); a GPU run predicts its step from its calibrated GEMM rate")
+# why a CPU run records no prediction: the FLOP model has no term for a small model's per-op dispatch; the model
+# that has one (predict/here.py) times each rank's step with free collectives, which a run cannot afford to redo
+NO_CPU_MODEL = ("not predicted in the run on a CPU: a small model's step here is mostly per-op dispatch and Python, "
+                "which the FLOP model has no term for; `python -m ablate.plan --hardware here` with the run's "
+                "overrides predicts it from measurements here (docs/prediction.md)")
 
 
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:

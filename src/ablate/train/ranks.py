@@ -11,6 +11,8 @@ import socket
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
+from ablate import usable_cores
+
 
 @dataclass(frozen=True)
 class RankEnv:
@@ -58,14 +60,6 @@ def given_by_elastic_agent(environ: Optional[Mapping[str, str]] = None) -> Dict[
     rendezvous."""
     environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items() if k in ELASTIC_AGENT_VARS or k.startswith("TORCHELASTIC_")}
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its affinity mask (taskset, a cpuset) where the OS has one (Linux),
-    else every core of the host (macOS has no sched_getaffinity)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def cpu_threads_per_rank(environ: Mapping[str, str] = os.environ) -> int:

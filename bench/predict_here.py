@@ -1,0 +1,101 @@
+"""The step-time model on this machine against runs: `ablate.plan --hardware here`'s prediction (predict/here.py)
+for each configuration, then `python -m ablate` runs of each, repeats interleaved (config 1, 2, ..., 12, then
+again); prints each configuration's predicted step, the measured steps' median [min, max] (summary.json's
+`step_time_s`: the median of the steady steps), the error of the prediction against the median, the mean
+absolute percentage error (MAPE; target <= 10%), and for each sweep whether its arms rank alike by predicted and
+by measured step where the measured ranges do not overlap. Runs whose machine was more than 10% off its
+calibration at start or end (summary.json's `machine_speed.off`) are named.
+
+The configurations: the layouts sweep's three arms (4 ranks, global batch 16), the matrix / C3 arms (ddp and
+ddp_sync, fp32 and bf16, 2 ranks, grad_accum 8 x batch 4), C4's model (dim 256, 4 layers, seq 128) in fp32 and
+bf16 on one rank, the default run, a larger batch, FSDP2 on 2 ranks.
+
+    .venv/bin/python bench/predict_here.py [--repeats 3] [--only NAME ...] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ablate.compose import config_of
+from ablate.predict import here
+
+C4 = "model.dim=256 model.n_layers=4 model.n_heads=8 model.n_kv_heads=4 model.ffn_hidden=768 train.seq_len=128"
+MATRIX = "parallel={} launcher.nproc_per_node=2 train.grad_accum=8 train.batch_size=4 precision={}"
+LAYOUTS = "launcher.nproc_per_node=4 train.global_batch_size=16 train.seq_len=64 "
+CONFIGS = {   # name: (sweep, overrides)
+    "layouts/fsdp2": ("layouts", LAYOUTS + "parallel=fsdp2"),
+    "layouts/hsdp": ("layouts", LAYOUTS + "parallel=hsdp parallel.shard_size=2"),
+    "layouts/fsdp2_tp2": ("layouts", LAYOUTS + "parallel=fsdp2 parallel.tp=2"),
+    "matrix/ddp_sync fp32": ("matrix", MATRIX.format("ddp_sync", "fp32")),
+    "matrix/ddp fp32": ("matrix", MATRIX.format("ddp", "fp32")),
+    "matrix/ddp_sync bf16": ("matrix", MATRIX.format("ddp_sync", "bf16")),
+    "matrix/ddp bf16": ("matrix", MATRIX.format("ddp", "bf16")),
+    "c4/fp32": ("c4", C4 + " precision=fp32"),
+    "c4/bf16": ("c4", C4 + " precision=bf16"),
+    "default": ("one rank", ""),
+    "default batch 32": ("one rank", "train.batch_size=32"),
+    "fsdp2 x 2": ("fsdp2", "parallel=fsdp2 launcher.nproc_per_node=2"),
+}
+STEPS = "train.steps=30 train.warmup_steps=5 logger=none"
+
+
+def run(overrides: str, run_dir: Path) -> dict:
+    argv = [sys.executable, "-m", "ablate", *f"model=tiny {overrides} {STEPS}".split(), f"hydra.run.dir={run_dir}"]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    s = json.loads((run_dir / "summary.json").read_text())
+    return {"step_time_s": s["step_time_s"], "off": bool((s.get("machine_speed") or {}).get("off"))}
+
+
+def same_order(rows: dict) -> str:
+    """The arms' order by predicted against by measured step, over the pairs whose measured ranges do not overlap."""
+    names, checked, agree = list(rows), 0, 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ra, rb = rows[a], rows[b]
+            if max(ra["measured"]) < min(rb["measured"]) or max(rb["measured"]) < min(ra["measured"]):
+                checked += 1
+                agree += (ra["predicted"] < rb["predicted"]) == (ra["median"] < rb["median"])
+    return f"{agree}/{checked} separated pairs in the same order"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    configs = {k: v for k, v in CONFIGS.items() if not args.only or k in args.only}
+    out = Path(args.out or tempfile.mkdtemp(prefix="predict_here_"))
+    predicted = {name: here.predict(config_of(f"model=tiny {o}".split())[1])["step_time_s"]
+                 for name, (_, o) in configs.items()}
+    measured = {name: [] for name in configs}
+    for r in range(args.repeats):
+        for i, (name, (_, o)) in enumerate(configs.items()):
+            measured[name].append(run(o, out / f"{i:02d}-r{r}"))
+    rows, errors = {}, []
+    print(f"{'configuration':<22} {'predicted':>10} {'measured median [min, max]':>32} {'error':>7}")
+    for name, runs in measured.items():
+        steps = [m["step_time_s"] for m in runs]
+        median, p = statistics.median(steps), predicted[name]
+        errors.append(abs(p - median) / median)
+        rows[name] = {"predicted": p, "median": median, "measured": steps}
+        off = sum(m["off"] for m in runs)
+        note = f"  ({off} run(s) off their calibration)" if off else ""
+        print(f"{name:<22} {p * 1e3:>7.1f} ms {median * 1e3:>9.1f} ms [{min(steps) * 1e3:6.1f}, "
+              f"{max(steps) * 1e3:6.1f}] {(p - median) / median:>+7.1%}{note}")
+    print(f"MAPE {statistics.mean(errors):.1%} over {len(errors)} configurations ({args.repeats} runs each); "
+          f"runs in {out}")
+    for sweep in sorted({s for s, _ in configs.values()}):
+        arms = {n: rows[n] for n, (s, _) in configs.items() if s == sweep}
+        if len(arms) > 1:
+            print(f"  {sweep}: {same_order(arms)}")
+
+
+if __name__ == "__main__":
+    main()

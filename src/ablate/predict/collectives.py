@@ -1,0 +1,153 @@
+"""What a collective costs on this machine in the middle of a step: the lockstep probe, cached per host.
+
+`procs` processes join a gloo group here (spawned, as the run's ranks are started, with the run's threads per
+rank) and split into groups of `group` ranks, all working at once as a layout's groups do. Each then repeats
+`work, collective` - the work a number of small products (SEGMENTS: a short and a long one), a stand-in for the
+compute between two of a step's collectives - and the cost of the collective is that loop's time less the same
+loop's without it: the transfer, the wait for the slowest peer and the scheduling of processes that share the
+cores, as a rank meets them in a run (a barrier-timed collective alone reads 3-4x cheaper with 2 processes on 2
+cores, and after 10 ms of work twice what it costs after 0.5 ms). Per kind (all-reduce, all-gather,
+reduce-scatter) at SIZES (the full buffer: metrics/comm.py's convention), the median of 3 loops. Cached per
+host, CPU, torch, processes, group size and threads (ABLATE_CACHE_DIR, else ~/.cache/ablate, `collectives.json`)
+with when it was measured: the next prediction reuses it; delete the entry (or the file) to measure again.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ablate import usable_cores, user_cache_dir
+from ablate.metrics.host import cpu_model
+from ablate.metrics.peak import locked
+
+SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)   # bytes: 4 KB to 4 MB, a small model's buckets and blocks
+WORK_N = 128
+# (products of the work between two collectives, loops): ~0.5, ~2.5 and ~10 ms here; a collective's cost grows
+# with the compute before it (the slowest peer's lag: 1 ms after 0.5 ms of work, 2 ms after 2.5 ms or 10 ms, two
+# processes on 2 cores), up to about a scheduler's time slice
+SEGMENTS = ((20, 20), (100, 10), (400, 6))
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def key(procs: int, group: int) -> str:
+    threads = max(1, usable_cores() // procs)
+    return (f"{socket.gethostname()}|{cpu_model()}|torch={torch.__version__}|procs={procs}|group={group}"
+            f"|threads={threads}")
+
+
+def _loop(call, work, reps: int) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        work()
+        call()
+    return (time.perf_counter() - t0) / reps
+
+
+def _probe(rank: int, procs: int, group_size: int, port: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, usable_cores() // procs))
+    dist.init_process_group("gloo", rank=rank, world_size=procs)
+    groups = [dist.new_group(list(range(g, g + group_size))) for g in range(0, procs, group_size)]
+    group = groups[rank // group_size]
+    a = torch.randn(WORK_N, WORK_N)
+    costs = [_segment(a, products, reps, group, group_size) for products, reps in SEGMENTS]
+    if rank == 0:
+        out.put(costs)
+    dist.destroy_process_group()
+
+
+def _segment(a, products: int, reps: int, group, group_size: int) -> Dict[str, object]:
+    """{work_s, kind: [[bytes, seconds], ...]}: each collective's cost after `products` products of work (called
+    when the work is done, as a step waits on the collective its next op needs)."""
+    def work():
+        for _ in range(products):
+            a @ a
+
+    base = statistics.median(_loop(lambda: None, work, reps) for _ in range(3))
+    costs: Dict[str, object] = {"work_s": base, **{kind: [] for kind in KINDS}}
+    for nbytes in SIZES:
+        full = torch.randn(max(group_size, nbytes // 4 // group_size * group_size))
+        part = full[:full.numel() // group_size].clone()
+        calls = {"all_reduce": lambda f=full: dist.all_reduce(f, group=group),
+                 "all_gather": lambda f=full, p=part: dist.all_gather_into_tensor(f, p, group=group),
+                 "reduce_scatter": lambda f=full, p=part: dist.reduce_scatter_tensor(p, f, group=group)}
+        for kind, call in calls.items():
+            spent = statistics.median(_loop(call, work, reps) for _ in range(3))
+            costs[kind].append([nbytes, max(0.0, spent - base)])
+    return costs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(procs: int, group: int) -> Dict[str, object]:
+    out = mp.get_context("spawn").SimpleQueue()
+    started = time.perf_counter()
+    mp.start_processes(_probe, args=(procs, group, free_port(), out), nprocs=procs, start_method="spawn")
+    return {"costs": out.get(), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "how": f"{procs} gloo processes in groups of {group}, short and long work then a collective, less the work "
+                   f"alone, median of 3, {time.perf_counter() - started:.1f} s", "load_1min": os.getloadavg()[0]}
+
+
+def table(procs: int, groups: List[int], cache: Optional[str] = None) -> Dict[int, Dict[str, object]]:
+    """{group size: entry} for every group size a step's collectives use among `procs` processes here, from the
+    cache or measured now (and cached)."""
+    path = Path(cache) if cache else user_cache_dir() / "collectives.json"
+    out = {}
+    with locked(path):
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            entries = {}
+        for group in groups:
+            k = key(procs, group)
+            if k not in entries:
+                entries[k] = measure(procs, group)
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(json.dumps(entries, indent=1))
+                os.replace(tmp, path)
+            out[group] = entries[k]
+    return out
+
+
+def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: int, segment_s: float) -> float:
+    """Seconds one collective costs after `segment_s` of compute: each probed segment's figure for its size,
+    interpolated linearly between the segments' work (clamped to the shortest and the longest)."""
+    segments = tables[group]["costs"]
+    work = [c["work_s"] for c in segments]
+    at = [by_size(c[kind], nbytes) for c in segments]
+    if segment_s <= work[0]:
+        return at[0]
+    for i in range(1, len(work)):
+        if segment_s <= work[i]:
+            f = (segment_s - work[i - 1]) / (work[i] - work[i - 1])
+            return at[i - 1] + f * (at[i] - at[i - 1])
+    return at[-1]
+
+
+def by_size(points: List[List[float]], nbytes: float) -> float:
+    """The probe's figures interpolated in log-bytes, linear in bytes beyond the largest size, the smallest's
+    below it."""
+    sizes, seconds = [p[0] for p in points], [p[1] for p in points]
+    if nbytes >= sizes[-1]:
+        return seconds[-1] * nbytes / sizes[-1]
+    if nbytes <= sizes[0]:
+        return seconds[0]
+    i = next(i for i, s in enumerate(sizes) if s >= nbytes)
+    f = (math.log(nbytes) - math.log(sizes[i - 1])) / (math.log(sizes[i]) - math.log(sizes[i - 1]))
+    return seconds[i - 1] + f * (seconds[i] - seconds[i - 1])

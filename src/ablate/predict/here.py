@@ -1,0 +1,179 @@
+"""This machine's step, predicted before the run (`ablate.plan --hardware here`, bench/predict_here.py): a CPU run's
+time from two measurements taken here, neither of them the run.
+
+On a CPU a small model's step is mostly per-op dispatch, Python and the strategy's own bookkeeping (FSDP2's
+copy-in/out, DTensor's sharding rules), which a FLOP count does not see; so the compute comes from executing the
+rank's own step with the collectives free, the way torch's FakeProcessGroup simulates one rank of a world:
+- compute: each rank's step (its model, strategy, mesh and batch; the run's threads per rank), timed with a fake
+  process group, as many of them at once as the run has ranks here (so they share the cores as the ranks will);
+  the slowest rank's median step;
+- communication: each collective that step asked for (kind, bytes as metrics/comm.py counts them, the mesh dim
+  of its group) costs what the lockstep probe measured for that kind and size with as many processes here and
+  groups as large (interpolated in log-bytes, linear beyond the largest), cached per host (collectives.py);
+- exposed: all of it (gloo runs a collective on the rank's cores; on 2 cores there is no idle core to hide it);
+- step = compute + the collectives' cost.
+Left out: the data loader (the step is fed from memory), pipelines (their schedule owns the step: not predicted),
+the loop's own per-step work (ablate's meter, ~1% of a step), DeepSpeed's engines (not run on a fake group).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ablate import parallel, usable_cores
+from ablate.model import build as build_model
+from ablate.parallel.mesh import build_mesh, group_names
+from ablate.predict import collectives
+
+KINDS = {"_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather", "allgather_": "all_gather",
+         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+         "allreduce_": "all_reduce", "all_reduce": "all_reduce", "broadcast_": "all_reduce"}
+NOT_FREE = ("zero1", "zero2", "zero3")   # DeepSpeed's engines talk to their own groups: no fake step of theirs
+TIMED_STEPS, WARM_STEPS = 12, 3
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective a rank's step makes: its kind, its payload (an all-gather's output, a reduce-scatter's
+    input: metrics/comm.py's convention), its group's size and mesh dim."""
+    kind: str
+    nbytes: int
+    group: int
+    dim: str
+
+
+class Collectives(TorchDispatchMode):
+    """The collectives a step dispatches (c10d's and the functional ones DTensor issues), with their groups."""
+
+    def __init__(self, dims: Dict[str, str]):
+        super().__init__()
+        self.dims, self.calls = dims, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        kind = KINDS.get(func.overloadpacket.__name__) if func.namespace in ("c10d", "_c10d_functional") else None
+        if kind:
+            leaves = tree_leaves((args, kwargs))
+            group = next((g for g in map(process_group, leaves) if g is not None), dist.group.WORLD)
+            nbytes = max(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+            if func.overloadpacket.__name__ == "all_gather_into_tensor":   # (its output is not an argument)
+                nbytes *= group.size()
+            self.calls.append(Call(kind, nbytes, group.size(), self.dims.get(group.group_name, "world")))
+        return out
+
+
+def process_group(arg) -> Optional[dist.ProcessGroup]:
+    if isinstance(arg, torch.ScriptObject) and "ProcessGroup" in str(arg._type()):
+        return dist.ProcessGroup.unbox(arg)
+    if isinstance(arg, str):   # the functional collectives name their group
+        try:
+            return dist.distributed_c10d._resolve_process_group(arg)
+        except (KeyError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def threads_per_rank(ranks_here: int) -> int:
+    """The run's own rule (train/ranks.py): the host's cores shared by the ranks on it."""
+    return max(1, usable_cores() // max(1, ranks_here))
+
+
+def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
+    """Rank `rank`'s optimizer step of the run `cfg` (an AblateConfig) asks for, with a fake process group: its
+    median time over TIMED_STEPS after WARM_STEPS, and the collectives one step makes."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    layout = parallel.layout_of(cfg)
+    threads = torch.get_num_threads()   # (one rank runs in the caller's process: its threads are given back)
+    torch.set_num_threads(threads_per_rank(cfg.launcher.nproc_per_node))
+    if layout.world > 1 or parallel.choice(cfg.parallel.name).needs_group:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
+    try:
+        mesh = build_mesh(layout, "cpu")
+        torch.manual_seed(cfg.train.seed)
+        strategy = parallel.build(cfg, build_model(cfg.model, "cpu"), torch.device("cpu"), layout, mesh)
+        g = torch.Generator().manual_seed(rank)
+        tokens = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1), generator=g)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+
+        def step():
+            for micro in range(cfg.train.grad_accum):
+                with strategy.micro_step(last=micro == cfg.train.grad_accum - 1):
+                    with strategy.autocast():
+                        loss = strategy.model(x, y)
+                    strategy.backward(loss / cfg.train.grad_accum)
+            strategy.step()
+
+        for _ in range(WARM_STEPS):
+            step()
+        times = []
+        for _ in range(TIMED_STEPS):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        seen = Collectives(group_names(mesh))
+        with seen:
+            step()
+        return statistics.median(times), seen.calls
+    finally:
+        torch.set_num_threads(threads)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rank(rank: int, cfg, out) -> None:
+    out.put((rank, *free_step(cfg, rank)))
+
+
+def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call]]]:
+    """Every rank's free step, all at once in processes of their own (spawned: a clean torch in each)."""
+    if ranks == 1:
+        return [(0, *free_step(cfg, 0))]
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_rank, args=(cfg, out), nprocs=ranks, start_method="spawn")
+    return sorted(out.get() for _ in range(ranks))
+
+
+def refusal(cfg) -> Optional[str]:
+    if cfg.launcher.nodes > 1:
+        return "not predicted here: several nodes (this machine is one)"
+    if cfg.parallel.pp > 1:
+        return "not predicted here: pipelines (the schedule owns the step; no free step of it yet)"
+    if cfg.parallel.name in NOT_FREE:
+        return f"not predicted here: parallel={cfg.parallel.name} (DeepSpeed's engine does not run on a fake group)"
+    if cfg.train.device == "cuda":
+        return "not predicted here: a GPU run (its prediction is the GPU model's, docs/prediction.md)"
+    return None
+
+
+def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
+    """The plan's `predicted` for the run `cfg` (an AblateConfig) on this machine: step_time_s, tokens_per_s,
+    compute_s, comm_s and exposed_comm_s per mesh dim, calls per dim, and how (`rate_source`)."""
+    why = refusal(cfg)
+    if why:
+        return {"step_time_s": None, "why": why}
+    ranks = cfg.launcher.nproc_per_node
+    steps = free_steps(cfg, ranks)
+    compute = max(seconds for _, seconds, _ in steps)
+    table = collectives.table(ranks, sorted({c.group for _, _, calls in steps for c in calls}), cache)
+    comm: Dict[str, float] = {}
+    calls: Dict[str, int] = {}
+    segment = compute / max(1, len(steps[0][2]))   # the compute between two collectives, on average
+    for c in steps[0][2]:
+        comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, segment)
+        calls[c.dim] = calls.get(c.dim, 0) + 1
+    total = compute + sum(comm.values())
+    tokens = cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum * parallel.layout_of(cfg).dp
+    return {"step_time_s": total, "tokens_per_s": tokens / total, "mfu": None, "compute_s": compute,
+            "compute_s_by_rank": [seconds for _, seconds, _ in steps], "bubble_s": 0.0, "comm_s": comm,
+            "exposed_comm_s": comm, "calls": calls,
+            "rate_source": f"here: each rank's step timed with free collectives ({ranks} at once, "
+                           f"{threads_per_rank(ranks)} thread(s) each) + the lockstep probe of gloo's collectives"}

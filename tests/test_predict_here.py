@@ -1,0 +1,66 @@
+"""This machine's step, predicted (src/ablate/predict/here.py, collectives.py): the collectives a rank's free step
+records against the comm model's bytes, the probe's interpolation on fixed figures, the plan's `--hardware here`
+and its refusals. No timing is asserted: the model's error against runs is bench/predict_here.py's to say.
+Cost: in process ~3 s; the spawned free steps (2 ranks, twice) ~15 s."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ablate import parallel
+from ablate.compose import validate
+from ablate.model import build
+from ablate.parallel.comm_model import expected_comm
+from ablate.predict import collectives, here
+from conftest import compose_cfg
+
+SHORT = {"work_s": 0.001, "all_reduce": [[1 << 12, 0.001], [1 << 16, 0.002], [1 << 20, 0.004]]}
+LONG = {"work_s": 0.011, "all_reduce": [[1 << 12, 0.003], [1 << 16, 0.004], [1 << 20, 0.006]]}
+TABLE = {2: {"costs": [SHORT, LONG]}}
+
+
+def test_a_collectives_cost_is_the_probe_interpolated_in_log_bytes_and_in_the_work_before_it():
+    assert collectives.cost(TABLE, "all_reduce", 1 << 16, 2, 0.001) == pytest.approx(0.002)
+    assert collectives.cost(TABLE, "all_reduce", 1 << 14, 2, 0.001) == pytest.approx(0.0015)   # halfway in log
+    assert collectives.cost(TABLE, "all_reduce", 1 << 16, 2, 0.006) == pytest.approx(0.003)    # halfway in work
+    assert collectives.cost(TABLE, "all_reduce", 1 << 16, 2, 1.0) == pytest.approx(0.004)      # clamped
+    assert collectives.cost(TABLE, "all_reduce", 1 << 21, 2, 0.0) == pytest.approx(0.008)      # linear beyond
+    assert collectives.cost(TABLE, "all_reduce", 16, 2, 0.0) == pytest.approx(0.001)           # the smallest's
+
+
+def test_one_rank_is_predicted_from_its_own_free_step(capsys):
+    from ablate import plan
+
+    assert plan.main(["--json", "--hardware", "here", "train.batch_size=2", "train.seq_len=16"]) == 0
+    p = json.loads(capsys.readouterr().out)["predicted"]
+    assert p["step_time_s"] == pytest.approx(p["compute_s"]) and p["comm_s"] == {} and p["calls"] == {}
+    assert p["tokens_per_s"] == pytest.approx(2 * 16 / p["step_time_s"]) and "here" in p["rate_source"]
+
+
+@pytest.mark.parametrize("overrides,why", [
+    (["parallel=fsdp2", "launcher.nproc_per_node=2", "parallel.pp=2"], "pipelines"),
+    (["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "parallel=ddp"], "several nodes"),
+    (["parallel=zero2", "launcher.nproc_per_node=2"], "DeepSpeed"),
+])
+def test_what_the_free_step_cannot_run_is_not_predicted_and_says_why(overrides, why):
+    p = here.predict(validate(compose_cfg(overrides)))
+    assert p["step_time_s"] is None and why in p["why"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides,dim", [
+    (["parallel=fsdp2", "launcher.nproc_per_node=2"], "dp_shard"),
+    (["parallel=ddp", "launcher.nproc_per_node=2", "train.grad_accum=2"], "dp_replicate"),
+])
+def test_a_ranks_free_step_makes_the_collectives_the_comm_model_counts(overrides, dim):
+    """Each rank's step on a fake process group (spawned, 2 at once): the collectives it records are on the
+    layout's dim and move the comm model's bytes (plus the gradient norm's few bytes under FSDP2)."""
+    cfg = validate(compose_cfg(["train.batch_size=2", "train.seq_len=16", *overrides]))
+    steps = here.free_steps(cfg, 2)
+    assert [rank for rank, _, _ in steps] == [0, 1] and all(seconds > 0 for _, seconds, _ in steps)
+    calls = steps[0][2]
+    assert {c.dim for c in calls} == {dim} and all(c.group == 2 for c in calls)
+    n_params = sum(p.numel() for p in build(cfg.model, "meta").parameters())
+    modeled = expected_comm(cfg, parallel.layout_of(cfg), n_params)[dim]
+    assert sum(c.nbytes for c in calls if c.nbytes > 64) == pytest.approx(modeled, rel=1e-3)
