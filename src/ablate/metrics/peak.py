@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import torch
+import torch.distributed as dist
 
 from ablate import user_cache_dir
 from ablate.metrics import flops as F
+from ablate.metrics.comm import paused
 from ablate.metrics.host import cpu_model
 from ablate.precision import numerics
 
@@ -86,6 +88,15 @@ def forget_this_host(cache: Optional[str] = None) -> int:
         return len(entries) - len(kept)
 
 
+def settle(device: torch.device) -> None:
+    """Ranks sharing this host's cores meet first, so that the one that measures does it while the others wait on
+    the cache's lock, not while they still import and build (4 ranks on 2 cores: a 1-thread probe read 66 GFLOP/s
+    where the same thread does 160 alone, every later run's MFU 2.4x high and its machine "off" its calibration)."""
+    if device.type == "cpu" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        with paused():
+            dist.barrier()
+
+
 class Peak:
     """The run's peak FLOP/s per device and where it came from (`source`), with every candidate kept."""
 
@@ -98,6 +109,7 @@ class Peak:
             self.datasheet = F.datasheet_peak(self.device_name, spec.peak_column)
         if cfg.metrics.gemm_probe:
             n = cfg.metrics.gemm_probe_n or (8192 if device.type == "cuda" else 1024)
+            settle(device)
             self.probe = measured_peak(device, self.device_name, spec.probe_dtype, n, cfg.metrics.peak_cache,
                                        measure=cfg.metrics.measure_peak and rank == 0)   # the others read it
             # the probe multiplies in bf16: it is no fp8 peak (an fp8 MFU against it would read ~2x high)
