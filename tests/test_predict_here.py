@@ -63,4 +63,4 @@ def test_a_ranks_free_step_makes_the_collectives_the_comm_model_counts(overrides
     assert {c.dim for c in calls} == {dim} and all(c.group == 2 for c in calls)
     n_params = sum(p.numel() for p in build(cfg.model, "meta").parameters())
     modeled = expected_comm(cfg, parallel.layout_of(cfg), n_params)[dim]
-    assert sum(c.nbytes for c in calls if c.nbytes > 64) == pytest.approx(modeled, rel=1e-3)
+    assert sum(c.nbytes for c in calls if c.nbytes > 1024) == pytest.approx(modeled, rel=1e-3)   # (the norm's: less)

@@ -114,7 +114,7 @@ class CollectiveCounter:
                     self.counter.waited(time.perf_counter() - started)
             if depth == 0:
                 self.counter.add(payload_bytes(args, kwargs, result if isinstance(result, torch.Tensor) else None),
-                                 dim=self.dim_of(args, kwargs))
+                                 dim=self.dim_of(args, kwargs), called=fn.__name__)
             return result
         counted.__ablate_counted__ = True
         return counted

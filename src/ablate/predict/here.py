@@ -7,9 +7,10 @@ rank's own step with the collectives free, the way torch's FakeProcessGroup simu
 - compute: each rank's step (its model, strategy, mesh and batch; the run's threads per rank), timed with a fake
   process group, as many of them at once as the run has ranks here (so they share the cores as the ranks will);
   the slowest rank's median step;
-- communication: each collective that step asked for (kind, bytes as metrics/comm.py counts them, the mesh dim
-  of its group) costs what the lockstep probe measured for that kind and size with as many processes here and
-  groups as large (interpolated in log-bytes, linear beyond the largest), cached per host (collectives.py);
+- communication: each collective that step asked for, as the run's own counter sees it (metrics/comm.py: kind,
+  bytes, the mesh dim of its group; DTensor's too) costs what the lockstep probe measured for that kind and size,
+  with as many processes here and groups as large, after as much work as the step has between two collectives
+  (collectives.py: cached per host);
 - exposed: all of it (gloo runs a collective on the rank's cores; on 2 cores there is no idle core to hide it);
 - step = compute + the collectives' cost.
 Left out: the data loader (the step is fed from memory), pipelines (their schedule owns the step: not predicted),
@@ -25,17 +26,23 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ablate import parallel, usable_cores
 from ablate.model import build as build_model
-from ablate.parallel.mesh import build_mesh, group_names
+from ablate.parallel.mesh import build_mesh
 from ablate.predict import collectives
 
-KINDS = {"_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather", "allgather_": "all_gather",
-         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-         "allreduce_": "all_reduce", "all_reduce": "all_reduce", "broadcast_": "all_reduce"}
+
+# the collective a counted function is (metrics/comm.py wraps torch.distributed's and the functional ones): its
+# kind for the probe; a broadcast costs as an all-reduce of its bytes
+def kind_of(called: str) -> str:
+    if "reduce_scatter" in called:
+        return "reduce_scatter"
+    if "gather" in called:
+        return "all_gather"
+    return "all_reduce"
+
+
 NOT_FREE = ("zero1", "zero2", "zero3")   # DeepSpeed's engines talk to their own groups: no fake step of theirs
 TIMED_STEPS, WARM_STEPS = 12, 3
 
@@ -48,37 +55,6 @@ class Call:
     nbytes: int
     group: int
     dim: str
-
-
-class Collectives(TorchDispatchMode):
-    """The collectives a step dispatches (c10d's and the functional ones DTensor issues), with their groups."""
-
-    def __init__(self, dims: Dict[str, str]):
-        super().__init__()
-        self.dims, self.calls = dims, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        kind = KINDS.get(func.overloadpacket.__name__) if func.namespace in ("c10d", "_c10d_functional") else None
-        if kind:
-            leaves = tree_leaves((args, kwargs))
-            group = next((g for g in map(process_group, leaves) if g is not None), dist.group.WORLD)
-            nbytes = max(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
-            if func.overloadpacket.__name__ == "all_gather_into_tensor":   # (its output is not an argument)
-                nbytes *= group.size()
-            self.calls.append(Call(kind, nbytes, group.size(), self.dims.get(group.group_name, "world")))
-        return out
-
-
-def process_group(arg) -> Optional[dist.ProcessGroup]:
-    if isinstance(arg, torch.ScriptObject) and "ProcessGroup" in str(arg._type()):
-        return dist.ProcessGroup.unbox(arg)
-    if isinstance(arg, str):   # the functional collectives name their group
-        try:
-            return dist.distributed_c10d._resolve_process_group(arg)
-        except (KeyError, ValueError, RuntimeError):
-            return None
-    return None
 
 
 def threads_per_rank(ranks_here: int) -> int:
@@ -119,10 +95,12 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
-        seen = Collectives(group_names(mesh))
-        with seen:
-            step()
-        return statistics.median(times), seen.calls
+        strategy.comm.log = []   # the run's own counter (metrics/comm.py): DTensor's collectives too
+        step()
+        sizes = layout.record()
+        calls = [Call(kind_of(called), nbytes, sizes.get(dim, layout.world), dim)
+                 for called, nbytes, dim in strategy.comm.log]
+        return statistics.median(times), calls
     finally:
         torch.set_num_threads(threads)
         if dist.is_initialized():
