@@ -15,18 +15,19 @@ from ablate.parallel.comm_model import expected_comm
 from ablate.predict import collectives, here
 from conftest import compose_cfg
 
-SHORT = {"work_s": 0.001, "all_reduce": [[1 << 12, 0.001], [1 << 16, 0.002], [1 << 20, 0.004]]}
-LONG = {"work_s": 0.011, "all_reduce": [[1 << 12, 0.003], [1 << 16, 0.004], [1 << 20, 0.006]]}
+# each kind's figures on a line: latency 1 ms + 1 ms per MB after the short work, 3 ms + 2 ms per MB after the long
+SHORT = {"work_s": 0.001, "all_reduce": [[n, 0.001 + n * 1e-9] for n in (1e3, 1e5, 1e6)]}
+LONG = {"work_s": 0.011, "all_reduce": [[n, 0.003 + n * 2e-9] for n in (1e3, 1e5, 1e6)]}
 TABLE = {2: {"costs": [SHORT, LONG]}}
 
 
-def test_a_collectives_cost_is_the_probe_interpolated_in_log_bytes_and_in_the_work_before_it():
-    assert collectives.cost(TABLE, "all_reduce", 1 << 16, 2, 0.001) == pytest.approx(0.002)
-    assert collectives.cost(TABLE, "all_reduce", 1 << 14, 2, 0.001) == pytest.approx(0.0015)   # halfway in log
-    assert collectives.cost(TABLE, "all_reduce", 1 << 16, 2, 0.006) == pytest.approx(0.003)    # halfway in work
-    assert collectives.cost(TABLE, "all_reduce", 1 << 16, 2, 1.0) == pytest.approx(0.004)      # clamped
-    assert collectives.cost(TABLE, "all_reduce", 1 << 21, 2, 0.0) == pytest.approx(0.008)      # linear beyond
-    assert collectives.cost(TABLE, "all_reduce", 16, 2, 0.0) == pytest.approx(0.001)           # the smallest's
+def test_a_collectives_cost_is_latency_plus_bytes_fitted_and_interpolated_in_the_work_before_it():
+    assert collectives.cost(TABLE, "all_reduce", 1e6, 2, 0.001) == pytest.approx(0.002)
+    assert collectives.cost(TABLE, "all_reduce", 4e6, 2, 0.0) == pytest.approx(0.005)        # the line, beyond
+    assert collectives.cost(TABLE, "all_reduce", 1e6, 2, 0.006) == pytest.approx(0.0035)     # halfway in work
+    assert collectives.cost(TABLE, "all_reduce", 1e6, 2, 1.0) == pytest.approx(0.005)        # clamped
+    noisy = [[1e3, 0.002], [1e5, 0.001], [1e6, 0.002]]   # not monotone: a line through them, not the points
+    assert collectives.by_size(noisy, 1e5) == pytest.approx(collectives.by_size(noisy, 1e3), rel=0.1)
 
 
 def test_one_rank_is_predicted_from_its_own_free_step(capsys):

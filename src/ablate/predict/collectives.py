@@ -7,14 +7,14 @@ compute between two of a step's collectives - and the cost of the collective is 
 loop's without it: the transfer, the wait for the slowest peer and the scheduling of processes that share the
 cores, as a rank meets them in a run (a barrier-timed collective alone reads 3-4x cheaper with 2 processes on 2
 cores, and after 10 ms of work twice what it costs after 0.5 ms). Per kind (all-reduce, all-gather,
-reduce-scatter) at SIZES (the full buffer: metrics/comm.py's convention), the median of 3 loops. Cached per
+reduce-scatter) at SIZES (the full buffer: metrics/comm.py's convention), the median of 3 loops; a collective of
+any size costs the line fitted through them (latency + bytes x seconds per byte). Cached per
 host, CPU, torch, processes, group size and threads (ABLATE_CACHE_DIR, else ~/.cache/ablate, `collectives.json`)
 with when it was measured: the next prediction reuses it; delete the entry (or the file) to measure again.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import statistics
@@ -141,13 +141,11 @@ def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: 
 
 
 def by_size(points: List[List[float]], nbytes: float) -> float:
-    """The probe's figures interpolated in log-bytes, linear in bytes beyond the largest size, the smallest's
-    below it."""
+    """latency + bytes x seconds per byte (Hockney's alpha-beta model of a collective), the two fitted by least
+    squares to the probe's sizes: one noisy size moves it little (the probe's figures are not monotone in size)."""
     sizes, seconds = [p[0] for p in points], [p[1] for p in points]
-    if nbytes >= sizes[-1]:
-        return seconds[-1] * nbytes / sizes[-1]
-    if nbytes <= sizes[0]:
-        return seconds[0]
-    i = next(i for i, s in enumerate(sizes) if s >= nbytes)
-    f = (math.log(nbytes) - math.log(sizes[i - 1])) / (math.log(sizes[i]) - math.log(sizes[i - 1]))
-    return seconds[i - 1] + f * (seconds[i] - seconds[i - 1])
+    mean_x, mean_y = sum(sizes) / len(sizes), sum(seconds) / len(seconds)
+    spread = sum((x - mean_x) ** 2 for x in sizes)
+    per_byte = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / spread) if spread else 0.0
+    latency = max(0.0, mean_y - per_byte * mean_x)
+    return latency + per_byte * nbytes

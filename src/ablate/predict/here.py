@@ -13,8 +13,9 @@ rank's own step with the collectives free, the way torch's FakeProcessGroup simu
   (collectives.py: cached per host);
 - exposed: all of it (gloo runs a collective on the rank's cores; on 2 cores there is no idle core to hide it);
 - step = compute + the collectives' cost.
-Left out: the data loader (the step is fed from memory), pipelines (their schedule owns the step: not predicted),
-the loop's own per-step work (ablate's meter, ~1% of a step), DeepSpeed's engines (not run on a fake group).
+The free step reads its batches from the run's own loader (conf/dataloader, conf/data). Left out: pipelines
+(their schedule owns the step: not predicted), the loop's own per-step work (ablate's meter, ~1% of a step),
+DeepSpeed's engines (not run on a fake group).
 """
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ablate import parallel, usable_cores
+from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.model import build as build_model
+from ablate.model.contract import vocab_size_of
+from ablate.model.facts import declared_vocab
 from ablate.parallel.mesh import build_mesh
 from ablate.predict import collectives
 
@@ -75,13 +79,16 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
     try:
         mesh = build_mesh(layout, "cpu")
         torch.manual_seed(cfg.train.seed)
-        strategy = parallel.build(cfg, build_model(cfg.model, "cpu"), torch.device("cpu"), layout, mesh)
-        g = torch.Generator().manual_seed(rank)
-        tokens = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1), generator=g)
-        x, y = tokens[:, :-1], tokens[:, 1:]
+        model = build_model(cfg.model, "cpu")
+        vocab = vocab_size_of(model.net) or declared_vocab(cfg.model)
+        strategy = parallel.build(cfg, model, torch.device("cpu"), layout, mesh)
+        # the run's own loader (conf/dataloader, conf/data): its batches cost what they cost the run
+        feeder = DeviceFeeder(build_loader(cfg.train, cfg.dataloader, cfg.data, vocab, layout.dp_rank(rank),
+                                           layout.dp, 0, torch.device("cpu")), cfg.dataloader, torch.device("cpu"))
 
         def step():
             for micro in range(cfg.train.grad_accum):
+                x, y = next(feeder)
                 with strategy.micro_step(last=micro == cfg.train.grad_accum - 1):
                     with strategy.autocast():
                         loss = strategy.model(x, y)
