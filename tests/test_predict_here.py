@@ -65,3 +65,33 @@ def test_a_ranks_free_step_makes_the_collectives_the_comm_model_counts(overrides
     n_params = sum(p.numel() for p in build(cfg.model, "meta").parameters())
     modeled = expected_comm(cfg, parallel.layout_of(cfg), n_params)[dim]
     assert sum(c.nbytes for c in calls if c.nbytes > 1024) == pytest.approx(modeled, rel=1e-3)   # (the norm's: less)
+
+
+def test_a_sweeps_arms_are_predicted_before_they_run_and_reported_beside_their_steps(tmp_path):
+    """`ablate.sweeps --predict`'s part (predict_arms: each distinct arm once, into D/predictions.json, beside the
+    plan claim_dir writes) and the report's table that reads it (report/predicted.py), on stand-in runs: the
+    measured steps are given, not timed. In process, ~3 s (aa_noise's two one-rank arms, predicted)."""
+    from types import SimpleNamespace
+
+    from ablate.report import predicted
+    from ablate.sweeps import allocation, plan_runs
+    from ablate.sweeps.__main__ import predict_arms
+    from ablate.sweeps.runner import claim_dir
+
+    runs = plan_runs(["aa_noise"], ["train.batch_size=2", "train.seq_len=16"], 2, None, 0)
+    assert claim_dir(tmp_path, runs) == ""
+    predict_arms(tmp_path, runs, allocation.configs(runs))
+    made = json.loads((tmp_path / predicted.PREDICTIONS_FILE).read_text())
+    assert len(made) == 2 and all(p["step_time_s"] > 0 for p in made.values())   # two arms, two repeats each
+
+    def run(i: int, arm: str, step_s: float):
+        return SimpleNamespace(path=tmp_path / "aa_noise" / f"{i:03d}_r0_{arm}", summary={},
+                               metric=lambda key: step_s if key == "step_time_s" else None)
+    arms = {"baseline": SimpleNamespace(value="a", runs=[run(1, "a", 0.010)]),
+            "treatment": SimpleNamespace(value="b", runs=[run(2, "b", 0.030)])}
+    lines = predicted.section(SimpleNamespace(arms=arms))
+    table = [line for line in lines if line.startswith("| baseline") or line.startswith("| treatment")]
+    assert len(table) == 2 and all(" s [" in line and "| x" in line for line in table)
+    assert "pairs of arms whose measured steps do not overlap" in lines[-1]
+    gpu = SimpleNamespace(path=tmp_path / "elsewhere", summary={"predicted": {"step_time_s": 0.5}}, metric=None)
+    assert predicted.of_run(gpu) == 0.5   # a GPU run's own prediction comes first

@@ -19,8 +19,10 @@ DeepSpeed's engines (not run on a fake group).
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -115,6 +117,10 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
 
 
 def _rank(rank: int, cfg, out) -> None:
+    # torch's advice to the model's author (DTensor's sequential all-reduces under fsdp2 x tp, FSDP2's view outputs),
+    # once per process: a run keeps it in its log; the console of a prediction is no place for it
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
     out.put((rank, *free_step(cfg, rank)))
 
 

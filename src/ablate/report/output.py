@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ablate import units
-from ablate.report import effects, noise, outliers, panels, sequential, stats, timeline, waterfall
+from ablate.report import effects, noise, outliers, panels, predicted, sequential, stats, timeline, waterfall
 from ablate.report import runs as R
 from ablate.report.stats import VERDICTS
 
@@ -152,6 +152,7 @@ def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
             cells.append(units.fmt(key, value) if value is not None else "—")
         cells.append(stragglers(arm.runs))
         lines.append(f"| {role} (`{arm.value}`, n={len(arm.runs)}) | " + " | ".join(cells) + " |")
+    lines += predicted.section(group)
     if group.unpaired:
         lines += ["", "Unpaired repeats (one arm has more runs; drawn, not in the effect): "
                   + ", ".join(f"`{r.path.name}`" for r in group.unpaired)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,9 @@ from ablate.config import arguments as cli
 from ablate.config.command_line import split_argv
 from ablate.config.sweep import check_batch_search
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
+from ablate.predict import here
 from ablate.report import compare, sequential
+from ablate.report.predicted import PREDICTIONS_FILE, key_of
 from ablate.sweeps import __doc__ as SWEEPS_DOC
 from ablate.sweeps import allocation, available, check_arms, expand, is_factorial, listing, plan_runs, use_config_dirs
 from ablate.sweeps.runner import claim_dir, run_all, unfinished
@@ -124,6 +127,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
                         "first run (every run and sweep here reuses the cached one until the hardware or torch "
                         "changes)")
+    p.add_argument("--predict", action="store_true", help="before the runs, predict each arm's step on this machine "
+                   "(ablate.plan --hardware here, docs/prediction.md) into DIR/predictions.json; the report sets it "
+                   "beside the measured step")
     p.add_argument("--no-wait", action="store_true", help="with launcher=slurm: submit the sweep's one "
                         "allocation and return (default: follow it here until its report is written)")
     return p
@@ -162,6 +168,8 @@ def _main(argv: List[str] = None) -> int:
     if allocation.allocates(configs) and allocation.inside():
         steps = allocation.Steps(configs)
     guards.hold(root, "ablate.sweeps", "sweep")
+    if args.predict:
+        predict_arms(root, runs, configs)
     if args.measure_peak:
         from ablate.metrics.peak import forget_this_host
 
@@ -180,6 +188,20 @@ def _main(argv: List[str] = None) -> int:
         print(f"ablate.sweeps: {len(failed)} run(s) failed: {'; '.join(failed)} (named in the report)",
               file=sys.stderr)
     return allocation.finish(root, 1 if failed else code)
+
+
+def predict_arms(root: Path, runs, configs) -> None:
+    """--predict: each distinct arm's step on this machine, before any of them runs (an earlier call's kept)."""
+    path = root / PREDICTIONS_FILE
+    try:
+        made = json.loads(path.read_text())
+    except (OSError, ValueError):
+        made = {}
+    for combo in dict.fromkeys(tuple(c) for _, c, _ in runs):
+        if key_of(list(combo)) not in made:
+            print(f"predicting {' '.join(combo) or '(the sweep as it is)'} on this machine", flush=True)
+            made[key_of(list(combo))] = here.predict(configs[combo])
+            path.write_text(json.dumps(made, indent=1))
 
 
 def driver_command(args, root: Path, extra: List[str]) -> List[str]:
