@@ -49,6 +49,14 @@ def test_what_the_free_step_cannot_run_is_not_predicted_and_says_why(overrides, 
     assert p["step_time_s"] is None and why in p["why"]
 
 
+def test_the_advisor_is_not_run_on_this_machine_and_says_so(capsys):
+    from ablate import plan
+
+    assert plan.main(["--rank", "--hardware", "here"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--rank --hardware here" in err and "h100_sxm" in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides,dim", [
     (["parallel=fsdp2", "launcher.nproc_per_node=2"], "dp_shard"),

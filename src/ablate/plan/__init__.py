@@ -176,7 +176,10 @@ def parser() -> argparse.ArgumentParser:
 
 def advised(args, argv: List[str]) -> int:
     """--rank: the advisor's ranking (src/ablate/advise), and its sweep file when asked."""
-    if not args.hardware or args.hardware == HERE:
+    if args.hardware == HERE:
+        raise ConfigError("--rank --hardware here: the advisor ranks layouts on a GPU's figures (conf/hardware: "
+                          f"{', '.join(hardware.choices())}, or a file); `here` predicts one layout: drop --rank")
+    if not args.hardware:
         raise ConfigError("--rank: give --hardware NAME|FILE (the GPU the layouts must fit and are predicted on)")
     hw = hardware.named(args.hardware)
     rows, left_out = advise.rank(argv, hw)
