@@ -32,6 +32,7 @@ from ablate.metrics.flops import gemm_probe
 from ablate.metrics.machine_speed import PROBE_REPEATS
 from ablate.metrics.peak import measured_peak
 from ablate.predict import here
+from ablate.report.predicted import agreement
 
 C4 = "model.dim=256 model.n_layers=4 model.n_heads=8 model.n_kv_heads=4 model.ffn_hidden=768 train.seq_len=128"
 MATRIX = "parallel={} launcher.nproc_per_node=2 train.grad_accum=8 train.batch_size=4 precision={}"
@@ -81,18 +82,6 @@ def run(overrides: str, run_dir: Path) -> dict:
             "speed": (speed["start_ratio"] + speed["end_ratio"]) / 2 if speed else None}
 
 
-def same_order(rows: dict) -> str:
-    """The arms' order by predicted against by measured step, over the pairs whose measured ranges do not overlap."""
-    names, checked, agree = list(rows), 0, 0
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            ra, rb = rows[a], rows[b]
-            if max(ra["measured"]) < min(rb["measured"]) or max(rb["measured"]) < min(ra["measured"]):
-                checked += 1
-                agree += (ra["predicted"] < rb["predicted"]) == (ra["median"] < rb["median"])
-    return f"{agree}/{checked} separated pairs in the same order"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -125,7 +114,7 @@ def main() -> None:
     for sweep in sorted({s for s, _ in configs.values()}):
         arms = {n: rows[n] for n, (s, _) in configs.items() if s == sweep}
         if len(arms) > 1:
-            print(f"  {sweep}: {same_order(arms)}")
+            print(f"  {sweep}: {agreement(arms)}")
 
 
 if __name__ == "__main__":
