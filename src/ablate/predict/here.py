@@ -154,11 +154,12 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
     ranks = cfg.launcher.nproc_per_node
     steps = free_steps(cfg, ranks)
     compute = max(seconds for _, seconds, _ in steps)
-    table = collectives.table(ranks, sorted({c.group for _, _, calls in steps for c in calls}), cache)
+    across = [c for c in steps[0][2] if c.group > 1]   # (a group of one moves nothing: DDP on one process)
+    table = collectives.table(ranks, sorted({c.group for c in across}), cache)
     comm: Dict[str, float] = {}
     calls: Dict[str, int] = {}
-    segment = compute / max(1, len(steps[0][2]))   # the compute between two collectives, on average
-    for c in steps[0][2]:
+    segment = compute / max(1, len(across))   # the compute between two collectives, on average
+    for c in across:
         comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, segment)
         calls[c.dim] = calls.get(c.dim, 0) + 1
     total = compute + sum(comm.values())
