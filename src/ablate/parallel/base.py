@@ -41,9 +41,9 @@ class CommCounter:
     # seconds this step spent blocked in collectives (a synchronous call, a Work.wait()), while the meter asks: the
     # rank the others waited on is the one blocked least
     blocked: Optional[float] = None
-    # each collective as (the function called, bytes, dim), while someone asks (a list): the step-time model's
-    # free step (predict/here.py)
-    log: Optional[List[Tuple[str, int, str]]] = None
+    # each collective as (the function called, bytes, dim, when: host perf_counter), while someone asks (a list):
+    # the step-time model's free step (predict/here.py)
+    log: Optional[List[Tuple[str, int, str, float]]] = None
 
     def entered(self) -> None:
         if self.first_at is None:
@@ -61,7 +61,7 @@ class CommCounter:
     def add(self, nbytes: int, calls: int = 1, dim: str = "other", called: str = "") -> None:
         self.entered()
         if self.log is not None:
-            self.log.append((called, int(nbytes), dim))
+            self.log.append((called, int(nbytes), dim, time.perf_counter()))
         self.bytes += int(nbytes)
         self.calls += calls
         self.by_dim[dim] = self.by_dim.get(dim, 0) + int(nbytes)

@@ -9,7 +9,7 @@ rank's own step with the collectives free, the way torch's FakeProcessGroup simu
   the slowest rank's median step (at least 12 steps and a second of them);
 - communication: each collective that step asked for, as the run's own counter sees it (metrics/comm.py: kind,
   bytes, the mesh dim of its group; DTensor's too) costs what the lockstep probe measured for that kind and size,
-  with as many processes here and groups as large, after as much work as the step has between two collectives
+  with as many processes here and groups as large, after as much work as came before it in the free step
   (collectives.py: cached per host);
 - exposed: all of it (gloo runs a collective on the rank's cores; on 2 cores there is no idle core to hide it);
 - step = compute + the collectives' cost.
@@ -58,11 +58,13 @@ TIMED_STEPS, TIMED_S, MAX_STEPS, WARM_STEPS = 12, 1.0, 200, 3
 @dataclass(frozen=True)
 class Call:
     """One collective a rank's step makes: its kind, its payload (an all-gather's output, a reduce-scatter's
-    input: metrics/comm.py's convention), its group's size and mesh dim."""
+    input: metrics/comm.py's convention), its group's size and mesh dim, and the compute before it since the step
+    began or the collective before it (`after_s`: a collective's cost grows with it, collectives.py)."""
     kind: str
     nbytes: int
     group: int
     dim: str
+    after_s: float = 0.0
 
 
 def threads_per_rank(ranks_here: int) -> int:
@@ -107,10 +109,11 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
             step()
             times.append(time.perf_counter() - t0)
         strategy.comm.log = []   # the run's own counter (metrics/comm.py): DTensor's collectives too
+        started = time.perf_counter()
         step()
-        sizes = layout.record()
-        calls = [Call(kind_of(called), nbytes, sizes.get(dim, layout.world), dim)
-                 for called, nbytes, dim in strategy.comm.log]
+        sizes, at = layout.record(), [started] + [entry[3] for entry in strategy.comm.log]
+        calls = [Call(kind_of(called), nbytes, sizes.get(dim, layout.world), dim, after_s=at[i + 1] - at[i])
+                 for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
         return statistics.median(times), calls
     finally:
         torch.set_num_threads(threads)
@@ -160,9 +163,8 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
     table = collectives.table(ranks, sorted({c.group for c in across}), cache)
     comm: Dict[str, float] = {}
     calls: Dict[str, int] = {}
-    segment = compute / max(1, len(across))   # the compute between two collectives, on average
-    for c in across:
-        comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, segment)
+    for c in across:   # each after the compute before it (a fake collective takes no time)
+        comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, c.after_s)
         calls[c.dim] = calls.get(c.dim, 0) + 1
     total = compute + sum(comm.values())
     tokens = cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum * parallel.layout_of(cfg).dp
