@@ -30,6 +30,16 @@ def test_a_collectives_cost_is_latency_plus_bytes_fitted_and_interpolated_in_the
     assert collectives.by_size(noisy, 1e5) == pytest.approx(collectives.by_size(noisy, 1e3), rel=0.1)
 
 
+def test_measure_peak_drops_this_hosts_probes_and_keeps_the_others(tmp_path):
+    import socket
+
+    cache = tmp_path / "collectives.json"
+    cache.write_text(json.dumps({f"{socket.gethostname()}|cpu|procs=2|group=2": {}, "otherhost|cpu|procs=2": {}}))
+    assert collectives.forget_this_host(str(cache)) == 1
+    assert list(json.loads(cache.read_text())) == ["otherhost|cpu|procs=2"]
+    assert collectives.forget_this_host(str(tmp_path / "none.json")) == 0
+
+
 def test_one_rank_is_predicted_from_its_own_free_step(capsys):
     from ablate import plan
 

@@ -10,7 +10,8 @@ cores, and after 10 ms of work twice what it costs after 0.5 ms). Per kind (all-
 reduce-scatter) at SIZES (the full buffer: metrics/comm.py's convention), the median of 3 loops; a collective of
 any size costs the line fitted through them (latency + bytes x seconds per byte). Cached per
 host, CPU, torch, processes, group size and threads (ABLATE_CACHE_DIR, else ~/.cache/ablate, `collectives.json`)
-with when it was measured: the next prediction reuses it; delete the entry (or the file) to measure again.
+with when it was measured: the next prediction reuses it; `ablate.sweeps --measure-peak` drops this host's (or
+delete the file) to measure again.
 """
 from __future__ import annotations
 
@@ -123,6 +124,20 @@ def table(procs: int, groups: List[int], cache: Optional[str] = None) -> Dict[in
                 os.replace(tmp, path)
             out[group] = entries[k]
     return out
+
+
+def forget_this_host(cache: Optional[str] = None) -> int:
+    """Drop this host's probes (`ablate.sweeps --measure-peak`): the next prediction measures again. Returns how many
+    were dropped."""
+    path = Path(cache) if cache else user_cache_dir() / "collectives.json"
+    with locked(path):
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return 0
+        kept = {k: v for k, v in entries.items() if not k.startswith(f"{socket.gethostname()}|")}
+        path.write_text(json.dumps(kept, indent=1))
+        return len(entries) - len(kept)
 
 
 def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: int, segment_s: float) -> float:

@@ -16,7 +16,7 @@ from ablate.config import arguments as cli
 from ablate.config.command_line import split_argv
 from ablate.config.sweep import check_batch_search
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
-from ablate.predict import here
+from ablate.predict import collectives, here
 from ablate.report import compare, sequential
 from ablate.report.predicted import PREDICTIONS_FILE, key_of
 from ablate.sweeps import __doc__ as SWEEPS_DOC
@@ -126,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
                         "records host_load either way)")
     p.add_argument("--measure-peak", action="store_true", help="measure this host's peak FLOP/s again at the "
                         "first run (every run and sweep here reuses the cached one until the hardware or torch "
-                        "changes)")
+                        "changes), and gloo's collectives again at the next prediction (--predict)")
     p.add_argument("--predict", action="store_true", help="before the runs, predict each arm's step on this machine "
                    "(ablate.plan --hardware here, docs/prediction.md) into DIR/predictions.json; the report sets it "
                    "beside the measured step")
@@ -168,13 +168,15 @@ def _main(argv: List[str] = None) -> int:
     if allocation.allocates(configs) and allocation.inside():
         steps = allocation.Steps(configs)
     guards.hold(root, "ablate.sweeps", "sweep")
-    if args.predict:
-        predict_arms(root, runs, configs)
     if args.measure_peak:
         from ablate.metrics.peak import forget_this_host
 
+        print(f"collectives: {collectives.forget_this_host()} cached probe(s) of this host dropped; the next "
+              "prediction measures again", flush=True)
         print(f"peak FLOP/s: {forget_this_host()} cached figure(s) of this host dropped; the first run measures "
               "again", flush=True)
+    if args.predict:   # (after --measure-peak: a prediction probes anew what it drops)
+        predict_arms(root, runs, configs)
     search = batch_search_of(args.batch_search)
     env = {"ABLATE_PREFLIGHT_DONE": "1"}
     if auto:
