@@ -3,7 +3,7 @@
 - torch.distributed's Python collectives (FSDP2, HSDP, DeepSpeed, DDP's all-reduce comm hook) and the functional
   collectives DTensor calls for tensor parallelism (`torch.distributed._functional_collectives`, the module
   DTensor's placements look each function up in at call time) are wrapped by `CollectiveCounter` for the life
-  of the run (installed before DeepSpeed captures references to them).
+  of the run (installed before DeepSpeed captures references to them), into the strategy's `CommCounter`.
 - A pipeline's sends (`isend`, as torch.distributed.pipelining issues them) are counted alike, on `pp`.
 - Each call's process group names its mesh dim (`dims`: group name -> pp | dp_replicate | dp_shard | tp, from
   parallel/mesh.py); a call on the default group, or a group the mesh did not make (DeepSpeed's own), counts
@@ -21,7 +21,8 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Deque, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -81,6 +82,46 @@ def group_name_of(args, kwargs) -> Optional[str]:
             return value[0].get_group(value[1]).group_name
     group = kwargs.get("group")
     return group if isinstance(group, str) else None
+
+
+@dataclass
+class CommCounter:
+    """Collectives this rank issued for the strategy (data- and tensor-parallel), counted as they run, in total and
+    by mesh dim; `first_at` is when (host perf_counter) the first one since the meter's step began was entered
+    (straggler accounting)."""
+    bytes: int = 0
+    calls: int = 0
+    first_at: Optional[float] = None
+    by_dim: Dict[str, int] = field(default_factory=dict)
+    # wall-clock entries of this step's collectives, in order, while the meter asks (a list): who arrived last
+    arrivals: Optional[List[float]] = None
+    # seconds this step spent blocked in collectives (a synchronous call, a Work.wait()), while the meter asks: the
+    # rank the others waited on is the one blocked least
+    blocked: Optional[float] = None
+    # each collective as (the function called, bytes, dim, when: host perf_counter), while someone asks (a list):
+    # the step-time model's free step (predict/here.py)
+    log: Optional[List[Tuple[str, int, str, float]]] = None
+
+    def entered(self) -> None:
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
+
+    def arrived(self) -> None:
+        """A collective entered (its outermost call, before it waits for the peers)."""
+        if self.arrivals is not None:
+            self.arrivals.append(time.time())
+
+    def waited(self, seconds: float) -> None:
+        if self.blocked is not None:
+            self.blocked += seconds
+
+    def add(self, nbytes: int, calls: int = 1, dim: str = "other", called: str = "") -> None:
+        self.entered()
+        if self.log is not None:
+            self.log.append((called, int(nbytes), dim, time.perf_counter()))
+        self.bytes += int(nbytes)
+        self.calls += calls
+        self.by_dim[dim] = self.by_dim.get(dim, 0) + int(nbytes)
 
 
 class CollectiveCounter:

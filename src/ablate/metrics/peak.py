@@ -54,10 +54,7 @@ def measured_peak(device: torch.device, device_name: str, dtype: torch.dtype, n:
     path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
     key = peak_key(device_name, dtype, n)
     with locked(path):
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            entries = {}
+        entries = read_entries(path)
         entry = entries.get(key)
         if entry and not measure:
             return {**entry, "cache": str(path), "reused": True}
@@ -68,24 +65,39 @@ def measured_peak(device: torch.device, device_name: str, dtype: torch.dtype, n:
                         f"{torch.get_num_threads()} torch threads, {seconds:.1f} s", "key": key,
                  "load_1min": os.getloadavg()[0]}
         entries[key] = entry
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        os.replace(tmp, path)
+        write_entries(path, entries)
         return {**entry, "cache": str(path), "reused": False}
+
+
+def read_entries(path: Path) -> Dict[str, object]:
+    """A host cache's entries (keyed `host|...`), or none when it is missing or torn; read under `locked(path)`."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_entries(path: Path, entries: Dict[str, object]) -> None:
+    """Whole or not at all (a reader under the lock never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(entries, indent=1))
+    os.replace(tmp, path)
+
+
+def forget_host(path: Path) -> int:
+    """Drop this host's entries from a host cache; returns how many were dropped."""
+    with locked(path):
+        entries = read_entries(path)
+        kept = {k: v for k, v in entries.items() if not k.startswith(f"{socket.gethostname()}|")}
+        if len(kept) < len(entries):
+            write_entries(path, kept)
+        return len(entries) - len(kept)
 
 
 def forget_this_host(cache: Optional[str] = None) -> int:
     """Drop this host's measured peaks (`ablate.sweeps --measure-peak`): the next run measures again, and the
     runs after it reuse that. Returns how many were dropped."""
-    path = Path(cache) if cache else user_cache_dir() / "peak_flops.json"
-    with locked(path):
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return 0
-        kept = {k: v for k, v in entries.items() if not k.startswith(f"{socket.gethostname()}|")}
-        path.write_text(json.dumps(kept, indent=1))
-        return len(entries) - len(kept)
+    return forget_host(Path(cache) if cache else user_cache_dir() / "peak_flops.json")
 
 
 def settle(device: torch.device) -> None:

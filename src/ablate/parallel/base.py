@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -19,52 +17,12 @@ import torch.distributed as dist
 
 from ablate import optim
 from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
-from ablate.metrics.comm import CollectiveCounter, paused
+from ablate.metrics.comm import CollectiveCounter, CommCounter, paused
 from ablate.optim import by_mesh, is_dtensor
 from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.parallel.pipeline import pp_norm
 from ablate.parallel.state_bytes import Breakdown, optimizer_state_bytes, tensor_bytes
 from ablate.precision import Precision
-
-
-@dataclass
-class CommCounter:
-    """Collectives this rank issued for the strategy (data- and tensor-parallel), counted as they run, in total and
-    by mesh dim; `first_at` is when (host perf_counter) the first one since the meter's step began was entered
-    (straggler accounting)."""
-    bytes: int = 0
-    calls: int = 0
-    first_at: Optional[float] = None
-    by_dim: Dict[str, int] = field(default_factory=dict)
-    # wall-clock entries of this step's collectives, in order, while the meter asks (a list): who arrived last
-    arrivals: Optional[List[float]] = None
-    # seconds this step spent blocked in collectives (a synchronous call, a Work.wait()), while the meter asks: the
-    # rank the others waited on is the one blocked least
-    blocked: Optional[float] = None
-    # each collective as (the function called, bytes, dim, when: host perf_counter), while someone asks (a list):
-    # the step-time model's free step (predict/here.py)
-    log: Optional[List[Tuple[str, int, str, float]]] = None
-
-    def entered(self) -> None:
-        if self.first_at is None:
-            self.first_at = time.perf_counter()
-
-    def arrived(self) -> None:
-        """A collective entered (its outermost call, before it waits for the peers)."""
-        if self.arrivals is not None:
-            self.arrivals.append(time.time())
-
-    def waited(self, seconds: float) -> None:
-        if self.blocked is not None:
-            self.blocked += seconds
-
-    def add(self, nbytes: int, calls: int = 1, dim: str = "other", called: str = "") -> None:
-        self.entered()
-        if self.log is not None:
-            self.log.append((called, int(nbytes), dim, time.perf_counter()))
-        self.bytes += int(nbytes)
-        self.calls += calls
-        self.by_dim[dim] = self.by_dim.get(dim, 0) + int(nbytes)
 
 
 class Strategy(ABC):

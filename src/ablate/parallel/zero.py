@@ -20,9 +20,9 @@ import torch
 
 from ablate import optim
 from ablate.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig
-from ablate.metrics.comm import CollectiveCounter
+from ablate.metrics.comm import CollectiveCounter, CommCounter
 from ablate.parallel import choice
-from ablate.parallel.base import CommCounter, Strategy
+from ablate.parallel.base import Strategy
 from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.parallel.state_bytes import Breakdown, optimizer_state_bytes, storages, tensor_bytes
 from ablate.precision import Precision

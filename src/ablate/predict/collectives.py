@@ -15,7 +15,6 @@ delete the file) to measure again.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -30,7 +29,7 @@ import torch.multiprocessing as mp
 
 from ablate import usable_cores, user_cache_dir
 from ablate.metrics.host import cpu_model
-from ablate.metrics.peak import locked
+from ablate.metrics.peak import forget_host, locked, read_entries, write_entries
 
 SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)   # bytes: 4 KB to 4 MB, a small model's buckets and blocks
 WORK_N = 128
@@ -111,17 +110,12 @@ def table(procs: int, groups: List[int], cache: Optional[str] = None) -> Dict[in
     path = Path(cache) if cache else user_cache_dir() / "collectives.json"
     out = {}
     with locked(path):
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            entries = {}
+        entries = read_entries(path)
         for group in groups:
             k = key(procs, group)
             if k not in entries:
                 entries[k] = measure(procs, group)
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text(json.dumps(entries, indent=1))
-                os.replace(tmp, path)
+                write_entries(path, entries)
             out[group] = entries[k]
     return out
 
@@ -129,15 +123,7 @@ def table(procs: int, groups: List[int], cache: Optional[str] = None) -> Dict[in
 def forget_this_host(cache: Optional[str] = None) -> int:
     """Drop this host's probes (`ablate.sweeps --measure-peak`): the next prediction measures again. Returns how many
     were dropped."""
-    path = Path(cache) if cache else user_cache_dir() / "collectives.json"
-    with locked(path):
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return 0
-        kept = {k: v for k, v in entries.items() if not k.startswith(f"{socket.gethostname()}|")}
-        path.write_text(json.dumps(kept, indent=1))
-        return len(entries) - len(kept)
+    return forget_host(Path(cache) if cache else user_cache_dir() / "collectives.json")
 
 
 def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: int, segment_s: float) -> float:

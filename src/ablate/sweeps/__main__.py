@@ -16,6 +16,7 @@ from ablate.config import arguments as cli
 from ablate.config.command_line import split_argv
 from ablate.config.sweep import check_batch_search
 from ablate.launcher.group import Interrupted, raise_on_sigterm, stopped_between
+from ablate.metrics.peak import forget_this_host
 from ablate.predict import collectives, here
 from ablate.report import compare, sequential
 from ablate.report.predicted import PREDICTIONS_FILE, key_of
@@ -169,8 +170,6 @@ def _main(argv: List[str] = None) -> int:
         steps = allocation.Steps(configs)
     guards.hold(root, "ablate.sweeps", "sweep")
     if args.measure_peak:
-        from ablate.metrics.peak import forget_this_host
-
         print(f"collectives: {collectives.forget_this_host()} cached probe(s) of this host dropped; the next "
               "prediction measures again", flush=True)
         print(f"peak FLOP/s: {forget_this_host()} cached figure(s) of this host dropped; the first run measures "
