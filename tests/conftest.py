@@ -173,7 +173,8 @@ def read_jsonl(path: Path) -> List[Dict]:
 @pytest.fixture
 def fast():
     """Overrides that keep a real run to a couple of seconds."""
-    return ["train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=256"]
+    return ["train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=256",
+            "metrics.predict=false"]
 
 
 @pytest.fixture(autouse=True)
@@ -199,7 +200,8 @@ def no_wandb_service_shared():
 
 # The few steps every strategy x precision run takes, shared by the parity tests and the choice matrix so
 # that each (parallel, precision, ranks, extras) trains once per test session.
-RUN_COMMON = ["logger=none", "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=128"]
+RUN_COMMON = ["logger=none", "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "metrics.gemm_probe_n=128",
+              "metrics.predict=false"]
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ import pytest
 from ablate.config import ConfigError
 from conftest import launch_in_process, read_jsonl, run_in_process
 
-COMMON = ["logger=none", "train.log_every=2", "train.warmup_steps=1", "metrics.gemm_probe_n=128"]
+COMMON = ["logger=none", "train.log_every=2", "train.warmup_steps=1", "metrics.gemm_probe_n=128",
+          "metrics.predict=false"]
 
 
 def test_single_process_resume_is_exact(tmp_path):

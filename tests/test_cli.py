@@ -59,6 +59,7 @@ def test_a_users_own_config_dir_adds_choices(tmp_path, monkeypatch):
     (mine / "mine.yaml").write_text("name: mine\ndim: 32\nn_layers: 1\nn_heads: 2\nn_kv_heads: 1\nffn_hidden: 64\n")
     code = main_in_process(monkeypatch, ["--config-dir", str(tmp_path / "conf"), "model=mine", "logger=none",
                                          "train.steps=3", "train.warmup_steps=1", "metrics.gemm_probe_n=64",
+                                         "metrics.predict=false",
                                          f"hydra.run.dir={tmp_path}/run"])
     assert code == 0
     assert (tmp_path / "run" / "summary.json").exists()

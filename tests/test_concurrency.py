@@ -20,7 +20,8 @@ def test_two_runs_into_one_directory_one_trains_the_other_touches_nothing(tmp_pa
     """Two 2-rank ddp runs started together, seeds 1 and 2 (~20 s)."""
     run_dir = tmp_path / "shared"
     common = [sys.executable, "-m", "ablate", "parallel=ddp", "launcher.nproc_per_node=2", "logger=none",
-              "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=64", f"hydra.run.dir={run_dir}"]
+              "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=64",
+              "metrics.predict=false", f"hydra.run.dir={run_dir}"]
     procs = [subprocess.Popen([*common, f"train.seed={seed}"], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
@@ -68,7 +69,7 @@ def test_a_sweep_survives_a_second_call_a_crash_and_ctrl_c_and_runs_nothing_twic
       a call with fewer repeats is refused."""
     d = tmp_path / "D"
     cmd = [sys.executable, "-m", "ablate.sweeps", "aa_noise", "--repeats", "2", "--dir", str(d), "--",
-           "logger=none", "train.steps=40", "metrics.gemm_probe_n=64",
+           "logger=none", "train.steps=40", "metrics.gemm_probe_n=64", "metrics.predict=false",
            "dataloader.read_latency_ms=80"]   # each run >= 3 s wherever it runs: killed and Ctrl-C'd mid-way
     driver = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
@@ -120,7 +121,8 @@ def test_ctrl_c_to_a_multirun_reaches_its_job_and_the_same_command_finishes_the_
     checkpoint and runs the third (4 1-rank jobs, ~30 s)."""
     d = tmp_path / "grid"
     cmd = [sys.executable, "-m", "ablate", "-m", "train.seed=1,2,3", "train.steps=200", "train.log_every=5",
-           "dataloader.read_latency_ms=10", "logger=none", "metrics.gemm_probe_n=64", f"hydra.sweep.dir={d}"]
+           "dataloader.read_latency_ms=10", "logger=none", "metrics.gemm_probe_n=64",
+           "metrics.predict=false", f"hydra.sweep.dir={d}"]
     parent = ctrl_c_once(cmd, lambda: list(d.glob("1_*/metrics.jsonl")))
     _, err = parent.communicate(timeout=200)
     last = err.strip().splitlines()[-1]

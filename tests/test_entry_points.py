@@ -96,7 +96,7 @@ def test_a_second_tune_into_the_same_dir_is_refused_and_the_first_completes(tmp_
 
     d = tmp_path / "tune"
     args = ["--space", "train.batch_size=4,8,16", "--trials", "3", "--dir", str(d), "--", "logger=none",
-            "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=64"]
+            "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=64", "metrics.predict=false"]
     first = subprocess.Popen([sys.executable, "-m", "ablate.tune", *args], cwd=REPO,
                              env={**__import__("os").environ, **COMMAND_ENV}, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -18,7 +18,7 @@ from ablate.train import checkpoint, guards, manifest
 from conftest import AS_TYPED_IN_A_TERMINAL, REPO, launch_in_process, main_in_process, read_jsonl, run_cli
 from planted import planted
 
-FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
+FAST = ["logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64", "metrics.predict=false"]
 
 
 def one_line(result) -> str:
@@ -467,7 +467,8 @@ def test_resume_refuses_what_cannot_change_and_applies_the_rest(tmp_path, monkey
 
 @pytest.mark.slow
 def test_wandb_online_without_a_server_falls_back_to_offline(tmp_path):
-    result = run_cli(["train.steps=6", "train.warmup_steps=1", "metrics.gemm_probe_n=64", "logger.init_timeout_s=5",
+    result = run_cli(["train.steps=6", "train.warmup_steps=1", "metrics.gemm_probe_n=64",
+                      "metrics.predict=false", "logger.init_timeout_s=5",
                       f"hydra.run.dir={tmp_path}"],
                      env={"WANDB_MODE": "online", "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"})
     assert result.returncode == 0, result.stderr[-2000:]
@@ -483,7 +484,8 @@ def test_killing_wandbs_helper_never_stops_training(tmp_path):
     and leave no helper to kill, which is another test's story), and the helper is looked for until it is
     there (~10 s quiet)."""
     proc = subprocess.Popen([sys.executable, "-m", "ablate", "train.steps=60", "train.warmup_steps=1",
-                             "dataloader.read_latency_ms=30", "metrics.gemm_probe_n=64", "logger.init_timeout_s=120",
+                             "dataloader.read_latency_ms=30", "metrics.gemm_probe_n=64",
+                             "metrics.predict=false", "logger.init_timeout_s=120",
                              f"hydra.run.dir={tmp_path}"],
                             cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "WANDB_MODE": "offline"})
     _until_logged(tmp_path, proc)
@@ -616,7 +618,8 @@ def test_a_checkpoint_without_its_manifest_is_never_loaded_unchecked(tmp_path, m
     catches the flip and the run resumes from the previous checkpoint, saying so; with no copy either, nothing
     vouches for it: refused in one line, exit 2 (in process, three 1-rank runs, ~5 s)."""
     run = tmp_path / "run"
-    short = ["logger=none", "train.log_every=2", "train.checkpoint_every=4", "metrics.gemm_probe_n=128"]
+    short = ["logger=none", "train.log_every=2", "train.checkpoint_every=4", "metrics.gemm_probe_n=128",
+             "metrics.predict=false"]
     assert main_in_process(monkeypatch, [*short, "train.steps=8", f"hydra.run.dir={run}"]) == 0
     (run / "checkpoint" / "manifest.json").unlink()
     state = run / "checkpoint" / "model_optimizer.pt"
@@ -642,7 +645,8 @@ def test_the_rank_that_failed_is_the_one_named(tmp_path):
     """2 local ranks (three `python -m ablate`, ~40 s): rank 1 killed with SIGKILL at step 8 (it says nothing; rank 0
     then loses its peer) -> the one line names rank 1; rank 1 stopped (SIGSTOP) for 4 s at step 20 -> the stall in
     summary.json names rank 1, the rank that held the others up; under fsdp2 too, stopped inside the step."""
-    common = ["parallel=ddp", "launcher.nproc_per_node=2", "logger=none", "metrics.gemm_probe_n=64"]
+    common = ["parallel=ddp", "launcher.nproc_per_node=2", "logger=none", "metrics.gemm_probe_n=64",
+              "metrics.predict=false"]
     killed = run_cli([*common, "train.steps=30", f"hydra.run.dir={tmp_path / 'killed'}"], env=planted(kill="1:8"))
     assert killed.returncode == 1 and "Traceback" not in killed.stderr, killed.stderr[-3000:]
     last = killed.stderr.strip().splitlines()[-1]

@@ -150,7 +150,7 @@ def _numels_only(cfg, tp=None):
 @pytest.mark.slow
 def test_planned_activations_are_what_a_small_run_saves(tmp_path):
     args = ["model=small", "train.batch_size=4", "train.seq_len=128", "train.steps=2", "train.warmup_steps=1",
-            "metrics.gemm_probe_n=128"]
+            "metrics.gemm_probe_n=128", "metrics.predict=false"]
     summary = run_in_process(tmp_path, args)
     planned = plan(validate(compose_cfg(args)))["activation_bytes"]
     assert summary["activation_bytes"] == pytest.approx(planned, rel=0.25), (summary["activation_bytes"], planned)
@@ -234,7 +234,7 @@ def test_selective_and_every_kth_block_checkpointing_sit_between_none_and_full(t
     (fp32, 1e-5); planned and measured activations, and the hardware FLOPs (recompute counted), between none's and
     full's."""
     args = ["model=small", "train.batch_size=2", "train.seq_len=32", "train.steps=3", "train.warmup_steps=1",
-            "train.log_every=1", "metrics.gemm_probe_n=64"]
+            "train.log_every=1", "metrics.gemm_probe_n=64", "metrics.predict=false"]
     runs, planned = {}, {}
     for mode in ("false", "true", "2", "selective"):
         overrides = [*args, f"model.activation_checkpointing={mode}"]

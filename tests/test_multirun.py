@@ -13,6 +13,7 @@ def test_each_arm_of_a_multirun_has_its_own_process_and_environment(tmp_path, ca
     """The -m call's main() in this process (conftest.cli_in_process), its 4 jobs processes of their own."""
     result = cli_in_process(capsys, ["-m", "allocator=default,expandable", "nccl=tuned,default", "logger=none",
                                      "train.steps=3", "train.warmup_steps=1", "metrics.gemm_probe_n=64",
+                                     "metrics.predict=false",
                                      f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]

@@ -174,7 +174,7 @@ def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_reru
     planted(root / "aa_noise", slow=("b", 2))
     slow = root / "aa_noise" / "2_b"
     done = {str(slow): ("aa_noise", ["+sweeps=aa_noise", "sweep.arm=b", "logger=none", "train.steps=12",
-                                     "metrics.gemm_probe_n=128"], 2)}
+                                     "metrics.gemm_probe_n=128", "metrics.predict=false"], 2)}
     runner.rerun_outliers(root, done, {**os.environ, "WANDB_MODE": "offline"}, 300, None, None)
     rerun = root / "aa_noise" / "2_b_rerun"
     assert json.loads((slow / "summary.json").read_text())["rerun_as"] == "2_b_rerun"
@@ -195,7 +195,7 @@ def test_a_slowed_rank_is_named_the_straggler_though_ddp_evens_out_step_times(tm
     from planted import planted
 
     result = run_cli(["parallel=ddp", "launcher.nproc_per_node=2", "train.steps=12", "train.warmup_steps=2",
-                      "logger=none", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"],
+                      "logger=none", "metrics.gemm_probe_n=128", "metrics.predict=false", f"hydra.run.dir={tmp_path}"],
                      env=planted(delay="1:0.05"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

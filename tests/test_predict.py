@@ -72,9 +72,10 @@ def test_the_plan_predicts_a_70b_step_on_64_h100s(capsys):
     assert "datasheet peak" in p["rate_source"]
 
 
-def test_a_gpu_run_predicts_its_step_from_its_calibrated_rate_and_a_cpu_run_says_why_not():
+def test_a_gpu_run_predicts_its_step_from_its_calibrated_rate_and_a_cpu_run_from_its_free_step():
     """summary.json's `predicted` (predict.for_run), on a stand-in for a run's throughput collector: an H100 with
-    its measured GEMM rate; a CPU: None, and the reason in notes."""
+    its measured GEMM rate; a CPU: the prediction it made before its first step (predict/here.py) with its MFU
+    against the run's calibrated peak, or None and why not in notes."""
     from types import SimpleNamespace
 
     from ablate import parallel
@@ -94,7 +95,16 @@ def test_a_gpu_run_predicts_its_step_from_its_calibrated_rate_and_a_cpu_run_says
     tokens = 8 * 8 * cfg.train.seq_len                         # 8 data-parallel ranks x batch 8 x seq
     assert p["tokens_per_s"] == pytest.approx(tokens / p["step_time_s"])
     cpu = SimpleNamespace(peak=SimpleNamespace(device_name="cpu", measured=1e11), flop_model=gpu.flop_model)
-    assert for_run(cfg, layout, facts, cpu, notes) is None and "--hardware here" in notes["predicted"]
+    made = {"step_time_s": 0.5, "tokens_per_s": tokens / 0.5, "mfu": None, "exposed_comm_s": {"dp_shard": 0.1}}
+    p = for_run(cfg, layout, facts, cpu, notes, made)
+    assert p["step_time_s"] == 0.5 and p["mfu"] == pytest.approx(FlopModel.analytic(cfg.model).training(
+        8 * cfg.train.seq_len, 8 * cfg.train.seq_len ** 2).model / 0.5 / 1e11) and not notes
+    why = "not predicted: metrics.predict=false (...)"
+    assert for_run(cfg, layout, facts, cpu, notes, {"step_time_s": None, "why": why}) is None
+    assert notes["predicted"] == why
+    off = validate(compose_cfg(["model=small", "precision=bf16", "parallel=fsdp2", "launcher.nproc_per_node=8",
+                                "metrics.predict=false"]))
+    assert for_run(off, layout, facts, gpu, notes := {}) is None and "metrics.predict=false" in notes["predicted"]
 
 
 @pytest.mark.slow

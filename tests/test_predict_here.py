@@ -1,19 +1,22 @@
 """This machine's step, predicted (src/ablate/predict/here.py, collectives.py): the collectives a rank's free step
 records against the comm model's bytes, the probe's interpolation on fixed figures, the plan's `--hardware here`
 and its refusals. No timing is asserted: the model's error against runs is bench/predict_here.py's to say.
-Cost: in process ~3 s; the spawned free steps (2 ranks, twice) ~15 s."""
+Cost: in process ~7 s; the spawned free steps (2 ranks, twice) ~15 s; a 2-rank run that probes gloo ~20 s (serial)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from ablate import parallel
 from ablate.compose import validate
+from ablate.metrics.peak import locked, read_entries, write_entries
 from ablate.model import build
 from ablate.parallel.comm_model import expected_comm
 from ablate.predict import collectives, here
-from conftest import compose_cfg
+from conftest import compose_cfg, launch_in_process, main_in_process
 
 # each kind's figures on a line: latency 1 ms + 1 ms per MB after the short work, 3 ms + 2 ms per MB after the long
 SHORT = {"work_s": 0.001, "all_reduce": [[n, 0.001 + n * 1e-9] for n in (1e3, 1e5, 1e6)]}
@@ -113,3 +116,35 @@ def test_a_sweeps_arms_are_predicted_before_they_run_and_reported_beside_their_s
     assert "pairs of arms whose measured steps do not overlap" in lines[-1]
     gpu = SimpleNamespace(path=tmp_path / "elsewhere", summary={"predicted": {"step_time_s": 0.5}}, metric=None)
     assert predicted.of_run(gpu) == 0.5   # a GPU run's own prediction comes first
+
+
+def test_a_run_predicts_its_own_step_before_its_first(tmp_path, monkeypatch):
+    """The default run, in process (~4 s): summary.json's `predicted` is the step it timed with free collectives
+    before its first step, with an MFU against its calibrated peak; its `modeled` tokens/s (a check's expected here)
+    is that prediction's."""
+    assert main_in_process(monkeypatch, ["logger=none", "train.steps=6", "train.warmup_steps=2",
+                                         "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    p = s["predicted"]
+    assert p["step_time_s"] > 0 and 0 < p["mfu"] < 1 and p["compute_s_by_rank"] == [p["compute_s"]]
+    assert s["modeled"]["tokens_per_s"] == p["tokens_per_s"] and "predicted" not in s["notes"]
+
+
+@pytest.mark.serial
+def test_two_ranks_probe_gloo_themselves_and_predict_the_collectives_they_then_make(tmp_path):
+    """fsdp2 on 2 real ranks with no probe of 2 processes in this host's cache (~20 s: the probe ~10 s; serial, as
+    the probe times collectives): the ranks probe gloo themselves before their first step and cache it; the
+    prediction costs as many collectives on dp_shard as the run then counts."""
+    cache = Path(os.environ["ABLATE_CACHE_DIR"]) / "collectives.json"
+    with locked(cache):
+        entries = read_entries(cache)
+        entries.pop(collectives.key(2, 2), None)
+        write_entries(cache, entries)
+    assert launch_in_process(["parallel=fsdp2", "launcher.nproc_per_node=2", "logger=none", "train.steps=6",
+                              "train.warmup_steps=2", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    p = s["predicted"]
+    assert p["calls"] == {"dp_shard": s["comm_calls_per_step"]} and p["comm_s"]["dp_shard"] > 0
+    assert len(p["compute_s_by_rank"]) == 2
+    assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["comm_s"]["dp_shard"])
+    assert "(the run's)" in read_entries(cache)[collectives.key(2, 2)]["how"] and "(the run's)" in p["probes"]["2"]

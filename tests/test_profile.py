@@ -11,6 +11,7 @@ pytestmark = pytest.mark.slow
 WIDE = ["logger=none", "parallel=ddp", "launcher.nproc_per_node=2", "model.dim=1024", "model.n_layers=2",
         "model.n_heads=8", "model.n_kv_heads=8", "model.ffn_hidden=4096", "train.batch_size=1", "train.seq_len=8",
         "train.steps=5", "train.warmup_steps=1", "train.log_every=1", "metrics.gemm_probe_n=128",
+        "metrics.predict=false",
         "metrics.profile_steps=[3,2]"]
 # a quarter of WIDE's parameters (34 MB of gradients): eight all-reduces a step against one are as plain
 # (0.29-0.31 s vs 0.055 s exposed) in 31 s for both runs, where WIDE took 61 s (an idle host, 2026-12-03)
@@ -69,6 +70,7 @@ def test_small_buckets_overlap_more_than_one_huge_bucket(tmp_path):
 
 def test_profiling_is_off_by_default_and_says_so(tmp_path):
     result = run_cli(["logger=none", "train.steps=3", "train.warmup_steps=1", "metrics.gemm_probe_n=64",
+                      "metrics.predict=false",
                       f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -130,7 +130,8 @@ def test_hydra_multirun_with_a_repeat_axis_interleaves_the_arms(tmp_path, capsys
     """The call's main() in this process (conftest.cli_in_process), its 4 jobs processes of their own."""
 
     result = cli_in_process(capsys, ["+sweeps=aa_noise", "sweep.repeat=0,1", "logger=none", "train.steps=4",
-                                     "train.warmup_steps=1", "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path}"])
+                                     "train.warmup_steps=1", "metrics.gemm_probe_n=128",
+                                     "metrics.predict=false", f"hydra.sweep.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]
     dirs = sorted(tmp_path.glob("[0-9]*"), key=lambda p: int(p.name.split("_")[0]))
     order = [json.loads((d / "summary.json").read_text())["sweep"] for d in dirs]
@@ -159,7 +160,8 @@ def test_c5_records_each_arms_largest_batch_and_says_why_a_cpu_cannot_judge_it(t
 
     code = drive_in_process(sweeps_main, ["c5_expandable", "--dir", str(tmp_path), "--batch-search", "multiple_of=32",
                                           "--batch-search", "limit=32", "--", "logger=none",   # 1 trial per arm
-                                          "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128"])
+                                          "train.steps=5", "train.warmup_steps=2", "metrics.gemm_probe_n=128",
+                                          "metrics.predict=false"])
     assert code == 0, capsys.readouterr().err[-3000:]
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("c5_expandable/*/summary.json"))]
     assert len(summaries) == 2     # the searches' own runs and trials are not runs of the sweep

@@ -50,7 +50,8 @@ def test_deepspeed_states_are_loaded_weights_only(tmp_path):
 def test_a_planted_metadata_pickle_does_not_run_on_resume(tmp_path):
     """fsdp2, one process: checkpoints at steps 2 and 4; the latest .metadata replaced by a pickle that would
     create a file, its manifest refreshed (a CRC is no protection); the resume falls back to step 2."""
-    common = ["parallel=fsdp2", "logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
+    common = ["parallel=fsdp2", "logger=none", "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64",
+              "metrics.predict=false"]
     first = run_cli([*common, "train.steps=4", "train.checkpoint_every=2", f"hydra.run.dir={tmp_path / 'a'}"])
     assert first.returncode == 0, first.stderr[-2000:]
     latest = tmp_path / "a" / "checkpoint"
@@ -90,7 +91,7 @@ def test_a_truncated_latest_falls_back_to_the_whole_previous_one(tmp_path, torn)
     from ablate.train import checkpoint
     from conftest import run_in_process
 
-    common = ["train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64"]
+    common = ["train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=64", "metrics.predict=false"]
     run_in_process(tmp_path / "a", [*common, "train.steps=4", "train.checkpoint_every=2"])
     latest = tmp_path / "a" / "checkpoint" / torn
     latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])

@@ -17,7 +17,7 @@ from slurm_cluster import job_id, release_requeue_hold, story, submit_and_wait_f
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
 LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.gpus_per_node=0",
              "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.timeout_min=5", "parallel=ddp",
-             "logger=none", "metrics.gemm_probe_n=128"]
+             "logger=none", "metrics.gemm_probe_n=128", "metrics.predict=false"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -164,7 +164,8 @@ def test_hydras_own_submitit_launcher_also_works(tmp_path):
     result = run_cli(["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=2",
                       "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5",
                       "parallel=ddp", "launcher.nproc_per_node=2", "logger=none", "train.steps=6",
-                      "metrics.gemm_probe_n=128", "train.seed=0,1", f"hydra.sweep.dir={tmp_path}"], timeout=400)
+                      "metrics.gemm_probe_n=128",
+                      "metrics.predict=false", "train.seed=0,1", f"hydra.sweep.dir={tmp_path}"], timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
     assert len(summaries) == 2 and all(s["world_size"] == 2 for s in summaries)

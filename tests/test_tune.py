@@ -180,7 +180,7 @@ def test_a_tune_prunes_runs_and_continues(tmp_path, capsys):
 
     d = tmp_path / "tune"
     common = ["--space", "train.batch_size=2,4,4096", "--mem-budget-gb", "1", "--dir", str(d), "--", "logger=none",
-              "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=128"]
+              "train.steps=6", "train.warmup_steps=2", "metrics.gemm_probe_n=128", "metrics.predict=false"]
     first = drive_in_process(tune_main, ["--trials", "2", *common])
     assert first in (0, 1), capsys.readouterr().err[-2000:]   # 1: both trials pruned or failed (no winner)
     capsys.readouterr()

@@ -18,7 +18,7 @@ from planted import planted
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]   # one cluster: one worker
 TWO_NODES = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "launcher.gpus_per_node=0",
              "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.timeout_min=5", "logger=none",
-             "metrics.gemm_probe_n=128"]
+             "metrics.gemm_probe_n=128", "metrics.predict=false"]
 SHORT = ["train.steps=6", "train.warmup_steps=2", "train.log_every=2"]
 
 
@@ -40,7 +40,7 @@ def two_node_slurm():
 def single_process(tmp_path_factory):
     """The reference: one process, two micro-steps, the same global batch as two ranks of one micro-step."""
     run_dir = tmp_path_factory.mktemp("single")
-    result = run_cli(["logger=none", "metrics.gemm_probe_n=128", *SHORT, "train.grad_accum=2",
+    result = run_cli(["logger=none", "metrics.gemm_probe_n=128", "metrics.predict=false", *SHORT, "train.grad_accum=2",
                       f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]

@@ -81,7 +81,8 @@ def test_an_adhoc_multirun_groups_its_runs_by_call(tmp_path, capsys):
     from wandb_file import digest
 
     result = cli_in_process(capsys, ["-m", "precision=fp32,bf16", "train.steps=3", "train.warmup_steps=1",
-                                     "metrics.gemm_probe_n=128", f"hydra.sweep.dir={tmp_path / 'call7'}"])
+                                     "metrics.gemm_probe_n=128",
+                                     "metrics.predict=false", f"hydra.sweep.dir={tmp_path / 'call7'}"])
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(tmp_path.glob("call7/*/wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2

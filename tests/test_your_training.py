@@ -258,6 +258,7 @@ def test_your_model_on_your_tokens_trains_with_6n_flops_and_an_mfu(tmp_path, mon
     code = main_in_process(monkeypatch, ["--config-dir", str(user_files.config_dir), "model=mine", "data=tokens",
                                          f"data.path={user_files.tokens}", "logger=none", "train.steps=8",
                                          "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=128",
+                                         "metrics.predict=false",
                                          f"hydra.run.dir={tmp_path}"])
     assert code == 0
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -274,7 +275,7 @@ def test_your_model_on_two_ranks_resumes_exactly(tmp_path, user_files, parallel)
     after its step-4 checkpoint, and its resume, under warmup_cosine: the resume ends on the reference's loss."""
     common = ["--config-dir", str(user_files.config_dir), "model=mine", "data=tokens", f"data.path={user_files.tokens}",
               f"parallel={parallel}", "launcher.nproc_per_node=2", "logger=none", "train.steps=6",
-              "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=128",
+              "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=128", "metrics.predict=false",
               "optim.schedule=warmup_cosine", "optim.warmup_steps=2"]
     env = {**planted(), "PYTHONPATH": f"{user_files.env['PYTHONPATH']}:{planted()['PYTHONPATH']}"}
 
@@ -299,7 +300,8 @@ def test_an_hf_llama_under_ddp_with_sgd_and_a_cosine_schedule(tmp_path, user_fil
     assert launch_in_process(["model=hf", f"model.config={user_files.hf_config}", "parallel=ddp",   # real ranks
                               "launcher.nproc_per_node=2", "optim=sgd", "optim.schedule=warmup_cosine",
                               "optim.warmup_steps=4", "logger=none", "train.steps=10", "train.warmup_steps=2",
-                              "train.log_every=1", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"]) == 0
+                              "train.log_every=1", "metrics.gemm_probe_n=128",
+                              "metrics.predict=false", f"hydra.run.dir={tmp_path}"]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert has_mfu(s) and s["blocks"]["class"] == "LlamaDecoderLayer"
     assert s["flops_per_token"] == pytest.approx(F.training_flops(ModelConfig(), 1, 64).model, rel=0.01)
@@ -313,12 +315,13 @@ def test_your_config_dir_reaches_every_job_and_your_sweep_runs(tmp_path, user_fi
     """`-m --config-dir DIR model=mine,tiny` (two fresh processes, ~15 s) and `ablate.sweeps mysweep
     --config-dir DIR` (two runs and the report, ~20 s)."""
     grid = run_cli(["-m", "--config-dir", str(user_files.config_dir), "model=mine,tiny", "logger=none",
-                    "train.steps=4", "train.warmup_steps=1", "metrics.gemm_probe_n=128",
+                    "train.steps=4", "train.warmup_steps=1", "metrics.gemm_probe_n=128", "metrics.predict=false",
                     f"hydra.sweep.dir={tmp_path / 'grid'}"], env=user_files.env)
     assert grid.returncode == 0, grid.stderr[-3000:]
     assert len(list((tmp_path / "grid").glob("*/summary.json"))) == 2
     swept = run_module("ablate.sweeps", ["mysweep", "--config-dir", str(user_files.config_dir), "--dir",
-                                         str(tmp_path / "sweep"), "--", "logger=none", "metrics.gemm_probe_n=128"],
+                                         str(tmp_path / "sweep"), "--", "logger=none", "metrics.gemm_probe_n=128",
+                                         "metrics.predict=false"],
                        env=user_files.env)
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert (tmp_path / "sweep" / "report.md").exists()
@@ -360,7 +363,7 @@ def test_a_constructor_that_needs_max_seq_len_trains_and_a_longer_sequence_is_re
     line, exit 2, no run dir."""
     monkeypatch.syspath_prepend(str(user_files.module_dir))
     args = ["--config-dir", str(user_files.config_dir), "model=positional", "logger=none", "train.steps=8",
-            "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=128"]
+            "train.warmup_steps=2", "train.log_every=4", "metrics.gemm_probe_n=128", "metrics.predict=false"]
     assert main_in_process(monkeypatch, [*args, f"hydra.run.dir={tmp_path}/fits"]) == 0
     summary = json.loads((tmp_path / "fits" / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["vocab_size"] == 512
@@ -395,7 +398,7 @@ def test_a_mixture_of_experts_trains_and_says_how_its_flops_were_counted(tmp_pat
     config = tmp_path / "mixtral.json"
     config.write_text(json.dumps(MIXTRAL))
     args = ["model=hf", f"model.config={config}", "logger=none", "train.steps=4", "train.warmup_steps=1",
-            "train.log_every=2", "metrics.gemm_probe_n=128"]
+            "train.log_every=2", "metrics.gemm_probe_n=128", "metrics.predict=false"]
     assert main_in_process(monkeypatch, [*args, f"hydra.run.dir={tmp_path}/run"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     # active matmul weights per layer: q, o 64x64, k, v 64x32, the router 64x4, 2 of 4 experts' 3 64x128 matrices
@@ -451,7 +454,8 @@ def test_your_optimizer_file_is_built_as_written_and_recorded_as_built(tmp_path,
     """In process (~2 s): DIR/optim/rms.yaml (`_target_: torch.optim.RMSprop`, lr 0.001, alpha 0.9) inherits
     nothing from adamw (its weight_decay 0.1 above all); summary.json names what was built, with its values."""
     args = ["--config-dir", str(user_files.config_dir), "optim=rms", "logger=none", "train.steps=4",
-            "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=128", f"hydra.run.dir={tmp_path}"]
+            "train.warmup_steps=1", "train.log_every=2", "metrics.gemm_probe_n=128",
+            "metrics.predict=false", f"hydra.run.dir={tmp_path}"]
     assert main_in_process(monkeypatch, args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     built = summary["optimizer"]
@@ -477,7 +481,8 @@ def test_your_config_dir_reaches_the_slurm_script_tune_and_maxbatch(tmp_path, mo
     script = (tmp_path / "dry" / "sbatch.sh").read_text()
     assert f"'hydra.searchpath=[file://{user_files.config_dir.resolve()}]' model=mine" in script, script
     monkeypatch.setenv("PYTHONPATH", user_files.env["PYTHONPATH"])
-    short = ["logger=none", "train.steps=4", "train.warmup_steps=1", "metrics.gemm_probe_n=128"]
+    short = ["logger=none", "train.steps=4", "train.warmup_steps=1", "metrics.gemm_probe_n=128",
+             "metrics.predict=false"]
     assert drive_in_process(tune_main, ["--config-dir", conf, "--space", "optim=adamw,rms", "--trials", "2", "--dir",
                                         str(tmp_path / "tune"), "--", "model=mine", *short]) == 0
     assert len(list((tmp_path / "tune").rglob("summary.json"))) == 2

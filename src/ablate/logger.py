@@ -94,7 +94,7 @@ def run_identity(config: Dict, run_dir: Path) -> Dict[str, object]:
 
 
 # summary.json figures kept by key (the layout's, the optimizer's): W&B's summary gets them as <key>/<sub>/...
-NESTED_FIGURES = ("mesh", "comm_bytes_by_dim", "optimizer")
+NESTED_FIGURES = ("mesh", "comm_bytes_by_dim", "optimizer", "predicted")
 
 
 def flattened(node: Dict, prefix: str) -> Dict[str, object]:

@@ -197,6 +197,9 @@ class MetricsConfig:
     # a host shares one MFU denominator; null: the user cache (ABLATE_CACHE_DIR or ~/.cache/ablate/peak_flops.json)
     peak_cache: Optional[str] = None
     measure_peak: bool = False           # probe again now and replace the cached peak (metrics/peak.py)
+    # predict the step before the first one (summary.json's `predicted`; docs/prediction.md): on a CPU each rank's
+    # step with free collectives, ~1 s, and the cached probe of gloo's collectives; on a GPU, its hardware file's
+    predict: bool = True
     # the figure a -m job returns to Hydra's sweeper (hydra-optuna-sweeper optimises it): any summary.json key
     objective: str = "tokens_per_s"
     # [start, count]: trace training steps start..start+count-1 with torch.profiler (traces/rank{N}.json.gz)

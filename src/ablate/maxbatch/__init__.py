@@ -32,7 +32,8 @@ from ablate.config.command_line import config_dir_override
 from ablate.launcher import group
 
 SET_PER_TRIAL = ("train.batch_size", "train.global_batch_size", "train.steps", "train.warmup_steps",
-                 "train.checkpoint_every", "metrics.gemm_probe", "logger", "hydra.run.dir", "train.resume")
+                 "train.checkpoint_every", "metrics.gemm_probe", "metrics.predict", "logger", "hydra.run.dir",
+                 "train.resume")
 CPU_NOTE = ("a CPU budget is the process's peak RSS (runtime + model state + activations), not the CUDA "
             "caching allocator: fragmentation and expandable segments do not apply")
 
@@ -94,7 +95,8 @@ class Trials:
     def overrides_at(self, batch: int) -> List[str]:
         command = [*self.overrides, f"train.batch_size={batch}",
                    "train.global_batch_size=null", f"train.steps={self.steps}", "train.warmup_steps=1",
-                   "train.checkpoint_every=0", "metrics.gemm_probe=false", "logger=none"]
+                   "train.checkpoint_every=0", "metrics.gemm_probe=false", "logger=none",
+                   "metrics.predict=false"]   # a trial probes memory: its speed is nobody's figure
         if self.cuda:   # CUDA's own OOM decides: ablate's static estimate is one figure for both allocators
             command.append("train.skip_memory_check=true")
         return command

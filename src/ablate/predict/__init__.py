@@ -124,13 +124,6 @@ def of_hardware(hw) -> Machine:
                    "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)", hw.name)
 
 
-# why a CPU run records no prediction: the FLOP model has no term for a small model's per-op dispatch; the model
-# that has one (predict/here.py) times each rank's step with free collectives, which a run cannot afford to redo
-NO_CPU_MODEL = ("not predicted in the run on a CPU: a small model's step here is mostly per-op dispatch and Python, "
-                "which the FLOP model has no term for; `python -m ablate.plan --hardware here` with the run's "
-                "overrides predicts it from measurements here (docs/prediction.md)")
-
-
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
     """The machine a GPU run is on: its hardware file's links and datasheet peak, and its own calibrated GEMM rate
     (metrics/peak.py's probe, the run's dtype) as the matmul rate where there is one."""
@@ -141,18 +134,28 @@ def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
                    machine.inter_bytes_per_s, "this GPU's calibrated GEMM rate (metrics/peak.py)", hw.name)
 
 
-def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, str]) -> Optional[Dict[str, object]]:
-    """summary.json's `predicted`: this run on its own GPU (its hardware file, its calibrated GEMM rate, its FLOP
-    model, the comm model's bytes in `facts["modeled"]`); on a CPU, or a GPU without a hardware file, None and the
-    reason in `notes`."""
+def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, str],
+            here: Optional[Dict[str, object]] = None) -> Optional[Dict[str, object]]:
+    """summary.json's `predicted`: on a CPU, the prediction the run made before its first step (`here`:
+    predict/here.py, with its MFU against the run's calibrated peak); on a GPU, this run on its own GPU (its
+    hardware file, its calibrated GEMM rate, its FLOP model, the comm model's bytes in `facts["modeled"]`). None
+    and the reason in `notes` where there is none."""
     peak = throughput.peak
-    hw = hardware.for_device(peak.device_name) if peak.device_name != "cpu" else None
-    if hw is None:
-        notes["predicted"] = NO_CPU_MODEL if peak.device_name == "cpu" else \
-            f"not predicted: no hardware file for {peak.device_name} (conf/hardware)"
-        return None
     comm = {k.split(".", 1)[1]: v for k, v in facts["modeled"].items() if k.startswith("comm_bytes_by_dim.")}
     step = step_of(cfg, layout, throughput.flop_model, comm, facts["blocks"]["count"] or 0)
+    if peak.device_name == "cpu":
+        if not (here or {}).get("step_time_s"):
+            notes["predicted"] = (here or {}).get("why") or "not predicted"
+            return None
+        mfu = step.model_flops / here["step_time_s"] / peak.measured if peak.measured else None
+        return {**here, "mfu": mfu}
+    if not cfg.metrics.predict:
+        notes["predicted"] = "not predicted: metrics.predict=false"
+        return None
+    hw = hardware.for_device(peak.device_name)
+    if hw is None:
+        notes["predicted"] = f"not predicted: no hardware file for {peak.device_name} (conf/hardware)"
+        return None
     return predict(step, of_run(hw, peak.measured, step.column))
 
 

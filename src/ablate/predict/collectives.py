@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ablate import usable_cores, user_cache_dir
+from ablate.metrics.comm import paused
 from ablate.metrics.host import cpu_model
 from ablate.metrics.peak import forget_host, locked, read_entries, write_entries
 
@@ -59,13 +60,19 @@ def _probe(rank: int, procs: int, group_size: int, port: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, usable_cores() // procs))
     dist.init_process_group("gloo", rank=rank, world_size=procs)
-    groups = [dist.new_group(list(range(g, g + group_size))) for g in range(0, procs, group_size)]
-    group = groups[rank // group_size]
-    a = torch.randn(WORK_N, WORK_N)
-    costs = [_segment(a, products, reps, group, group_size) for products, reps in SEGMENTS]
+    costs = probe_groups(rank, procs, group_size)
     if rank == 0:
         out.put(costs)
     dist.destroy_process_group()
+
+
+def probe_groups(rank: int, procs: int, group_size: int) -> List[Dict[str, object]]:
+    """Each segment's costs, measured by `procs` processes of a joined gloo group split into groups of
+    `group_size`: every process calls it (new_group is collective)."""
+    groups = [dist.new_group(list(range(g, g + group_size))) for g in range(0, procs, group_size)]
+    group = groups[rank // group_size]
+    a = torch.randn(WORK_N, WORK_N)
+    return [_segment(a, products, reps, group, group_size) for products, reps in SEGMENTS]
 
 
 def _segment(a, products: int, reps: int, group, group_size: int) -> Dict[str, object]:
@@ -95,19 +102,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def entry(costs, started: float, procs: int, group: int, where: str) -> Dict[str, object]:
+    return {"costs": costs, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "how": f"{procs} gloo processes ({where}) in groups of {group}, short and long work then a collective, "
+                   f"less the work alone, median of 3, {time.perf_counter() - started:.1f} s",
+            "load_1min": os.getloadavg()[0]}
+
+
 def measure(procs: int, group: int) -> Dict[str, object]:
     out = mp.get_context("spawn").SimpleQueue()
     started = time.perf_counter()
     mp.start_processes(_probe, args=(procs, group, free_port(), out), nprocs=procs, start_method="spawn")
-    return {"costs": out.get(), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "how": f"{procs} gloo processes in groups of {group}, short and long work then a collective, less the work "
-                   f"alone, median of 3, {time.perf_counter() - started:.1f} s", "load_1min": os.getloadavg()[0]}
+    return entry(out.get(), started, procs, group, "spawned")
+
+
+def cache_path(cache: Optional[str]) -> Path:
+    return Path(cache) if cache else user_cache_dir() / "collectives.json"
 
 
 def table(procs: int, groups: List[int], cache: Optional[str] = None) -> Dict[int, Dict[str, object]]:
     """{group size: entry} for every group size a step's collectives use among `procs` processes here, from the
     cache or measured now (and cached)."""
-    path = Path(cache) if cache else user_cache_dir() / "collectives.json"
+    path = cache_path(cache)
     out = {}
     with locked(path):
         entries = read_entries(path)
@@ -120,10 +136,37 @@ def table(procs: int, groups: List[int], cache: Optional[str] = None) -> Dict[in
     return out
 
 
+def table_in_run(procs: int, groups: List[int], rank: int, cache: Optional[str] = None) -> Dict[int, Dict]:
+    """table() for a run's own ranks, their gloo group joined (every rank calls it, before the run's first step): a
+    group size this host has no probe of is probed by the ranks themselves, the run's processes being the probe's.
+    Rank 0's answer; the others' is empty. Rank 0 alone reads and writes the cache."""
+    if not groups:   # (every rank's step makes the same collectives: all return here or none)
+        return {}
+    path = cache_path(cache)
+    entries = {}
+    if rank == 0:
+        with locked(path):
+            entries = read_entries(path)
+    missing = [[g for g in groups if key(procs, g) not in entries]]
+    with paused():   # ablate's own collectives, never counted as the strategy's
+        dist.broadcast_object_list(missing, src=0)
+        fresh = {}
+        for group in missing[0]:
+            started = time.perf_counter()
+            fresh[key(procs, group)] = entry(probe_groups(rank, procs, group), started, procs, group, "the run's")
+    if rank != 0:
+        return {}
+    if fresh:
+        with locked(path):
+            entries = {**read_entries(path), **fresh}
+            write_entries(path, entries)
+    return {group: entries[key(procs, group)] for group in groups}
+
+
 def forget_this_host(cache: Optional[str] = None) -> int:
     """Drop this host's probes (`ablate.sweeps --measure-peak`): the next prediction measures again. Returns how many
     were dropped."""
-    return forget_host(Path(cache) if cache else user_cache_dir() / "collectives.json")
+    return forget_host(cache_path(cache))
 
 
 def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: int, segment_s: float) -> float:

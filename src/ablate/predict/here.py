@@ -19,6 +19,7 @@ DeepSpeed's engines (not run on a fake group).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import time
@@ -82,6 +83,7 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
     torch.set_num_threads(threads_per_rank(cfg.launcher.nproc_per_node))
     if layout.world > 1 or parallel.choice(cfg.parallel.name).needs_group:
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
+    strategy = None
     try:
         mesh = build_mesh(layout, "cpu")
         torch.manual_seed(cfg.train.seed)
@@ -116,6 +118,8 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
                  for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
         return statistics.median(times), calls
     finally:
+        if strategy is not None:
+            strategy.close()   # its collective counter: a run's own is installed next
         torch.set_num_threads(threads)
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -150,6 +154,31 @@ def refusal(cfg) -> Optional[str]:
     return None
 
 
+def groups_of(calls: List[Call]) -> List[int]:
+    """The group sizes a step's collectives use (a group of one moves nothing: DDP on one process)."""
+    return sorted({c.group for c in calls if c.group > 1})
+
+
+def combine(cfg, seconds_by_rank: List[float], calls: List[Call], table) -> Dict[str, object]:
+    """The prediction from the ranks' free steps and rank 0's collectives, each costed by the probe's `table`
+    after the compute before it (a fake collective takes no time)."""
+    ranks = len(seconds_by_rank)
+    compute = max(seconds_by_rank)
+    comm: Dict[str, float] = {}
+    calls_by_dim: Dict[str, int] = {}
+    for c in (c for c in calls if c.group > 1):
+        comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, c.after_s)
+        calls_by_dim[c.dim] = calls_by_dim.get(c.dim, 0) + 1
+    total = compute + sum(comm.values())
+    tokens = cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum * parallel.layout_of(cfg).dp
+    return {"step_time_s": total, "tokens_per_s": tokens / total, "mfu": None, "compute_s": compute,
+            "compute_s_by_rank": list(seconds_by_rank), "bubble_s": 0.0, "comm_s": comm,
+            "exposed_comm_s": comm, "calls": calls_by_dim,
+            "probes": {str(g): f"{e['how']}; measured {e['measured_at']}" for g, e in sorted(table.items())},
+            "rate_source": f"here: each rank's step timed with free collectives ({ranks} at once, "
+                           f"{threads_per_rank(ranks)} thread(s) each) + the lockstep probe of gloo's collectives"}
+
+
 def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
     """The plan's `predicted` for the run `cfg` (an AblateConfig) on this machine: step_time_s, tokens_per_s,
     compute_s, comm_s and exposed_comm_s per mesh dim, calls per dim, and how (`rate_source`)."""
@@ -158,18 +187,40 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
         return {"step_time_s": None, "why": why}
     ranks = cfg.launcher.nproc_per_node
     steps = free_steps(cfg, ranks)
-    compute = max(seconds for _, seconds, _ in steps)
-    across = [c for c in steps[0][2] if c.group > 1]   # (a group of one moves nothing: DDP on one process)
-    table = collectives.table(ranks, sorted({c.group for c in across}), cache)
-    comm: Dict[str, float] = {}
-    calls: Dict[str, int] = {}
-    for c in across:   # each after the compute before it (a fake collective takes no time)
-        comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, c.after_s)
-        calls[c.dim] = calls.get(c.dim, 0) + 1
-    total = compute + sum(comm.values())
-    tokens = cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum * parallel.layout_of(cfg).dp
-    return {"step_time_s": total, "tokens_per_s": tokens / total, "mfu": None, "compute_s": compute,
-            "compute_s_by_rank": [seconds for _, seconds, _ in steps], "bubble_s": 0.0, "comm_s": comm,
-            "exposed_comm_s": comm, "calls": calls,
-            "rate_source": f"here: each rank's step timed with free collectives ({ranks} at once, "
-                           f"{threads_per_rank(ranks)} thread(s) each) + the lockstep probe of gloo's collectives"}
+    calls = steps[0][2]
+    return combine(cfg, [seconds for _, seconds, _ in steps], calls,
+                   collectives.table(ranks, groups_of(calls), cache))
+
+
+# In a run (metrics.predict): each rank's free step before it joins the run's group (all ranks at once, as they
+# start together), then rank 0 combines them with the probe's table (probed by the run's own ranks when this host
+# has none): the run's summary.json `predicted`, made before its first step
+OFF = "not predicted: metrics.predict=false (`python -m ablate.plan --hardware here` with the run's overrides)"
+
+
+def before_joining(cfg, rank: int) -> Tuple[Optional[Tuple[float, List[Call]]], Optional[str]]:
+    """This rank's free step, or None and why not (metrics.predict off; a run this model cannot predict; a model
+    whose step fails on a fake group: a prediction never stops a run that can train)."""
+    why = OFF if not cfg.metrics.predict else refusal(cfg)
+    if why:
+        return None, why
+    try:
+        free = free_step(cfg, rank)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError) as e:
+        return None, f"not predicted: the step with free collectives failed ({type(e).__name__}: {e})"[:300]
+    finally:
+        gc.collect()   # the free step's model and batches are gone before the run builds its own
+    return free, None
+
+
+def after_joining(cfg, rank: int, free, why: Optional[str], all_gather) -> Optional[Dict[str, object]]:
+    """Rank 0's prediction from every rank's free step (`all_gather`: the run's object gather, which every rank
+    calls where the run predicts: the config alone decides it), or why there is none; the other ranks' None."""
+    if not cfg.metrics.predict or refusal(cfg):
+        return {"step_time_s": None, "why": why}
+    gathered = all_gather((free[0], why) if free else (None, why))
+    failed = [w for seconds, w in gathered if seconds is None]
+    if failed:
+        return {"step_time_s": None, "why": failed[0]} if rank == 0 else None
+    table = collectives.table_in_run(len(gathered), groups_of(free[1]), rank)
+    return combine(cfg, [seconds for seconds, _ in gathered], free[1], table) if rank == 0 else None

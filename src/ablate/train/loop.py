@@ -45,6 +45,7 @@ class Loop:
         self.preemption = signals.Preemption(env.world_size)
         self.continued = Continued().install()   # when this rank was continued after a stop (stalls name it)
         self.saved_step: Optional[int] = None
+        self.predicted_here: Optional[Dict] = None   # rank 0's prediction on a CPU, made before the first step
         self.unconfirmed: Optional[int] = None   # the step of a checkpoint whose weights' loss is not known yet
         self.hooks = hooks.load()   # ABLATE_STEP_HOOKS: called as each step begins (train/hooks.py)
         self.lr = cfg.optim.lr

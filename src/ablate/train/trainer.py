@@ -29,7 +29,7 @@ from ablate.model.facts import declared_vocab, flop_model, measure, split_flags
 from ablate.model.peak import plan_peak
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
-from ablate.predict import for_run
+from ablate.predict import for_run, here
 from ablate.train import checkpoint, distributed, provenance, ranks, resumable, signals
 from ablate.train.loop import Diverged, Loop
 
@@ -192,6 +192,20 @@ def train_loop(loop: Loop, start_step: int, run_dir: Path, env) -> Optional[RunS
     return None
 
 
+def free_step_before_joining(cfg: AblateConfig, run_dir: Path):
+    """This rank's step with free collectives (predict/here.py: the run's prediction on a CPU), timed before the
+    rank joins the run's group: (its step and collectives, None) or (None, why not); (None, None) on a GPU, whose
+    prediction is the GPU model's (predict.for_run). A config this device cannot run says so first."""
+    rank = ranks.rank_env().rank
+    try:
+        device = torch.device(distributed.device_type(cfg.train.device))
+        check_runnable(cfg, device)
+        return (None, None) if device.type == "cuda" else here.before_joining(cfg, rank)
+    except Exception as e:
+        note_failure(run_dir, rank, e)
+        raise
+
+
 def rank_record(env, summary: Dict[str, object], strategy, loop: Loop) -> Dict[str, object]:
     """What each rank tells rank 0 (summary.json's per_rank; its long steps and gaps read for stalls, then
     dropped)."""
@@ -209,7 +223,7 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
                layout: Layout, per_rank, summary, loop: Loop) -> Dict[str, object]:
     """Rank 0's part of summary.json beside the meter's figures: the run, its facts, every rank's, and notes."""
     env, start_step = loop.env, resumed["step"]
-    predicted = for_run(cfg, layout, facts, loop.meter.throughput, loop.meter.notes)
+    predicted = for_run(cfg, layout, facts, loop.meter.throughput, loop.meter.notes, loop.predicted_here)
     if predicted:   # the report's "expected here" for throughput (a check's `expected: modeled`)
         facts["modeled"]["tokens_per_s"] = predicted["tokens_per_s"]
     return {
@@ -240,6 +254,7 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
+    free = free_step_before_joining(cfg, run_dir)
     env = distributed.setup(cfg.train.device, need_group=parallel.choice(cfg.parallel.name).needs_group)
     route_library_logs(run_dir, env.rank)
     clean = False
@@ -247,6 +262,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         check_runnable(cfg, env.device)
         layout = layout_of(cfg, env)
         mesh = build_mesh(layout, env.device.type)
+        predicted = here.after_joining(cfg, env.rank, *free, lambda o: comm.all_gather_object(o, env)) \
+            if env.device.type == "cpu" else None
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
             facts, strategy, blocks = build(cfg, env, layout, mesh)
         resumed = resume(cfg, run_dir, resolved, strategy, env)
@@ -261,7 +278,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         tracker = Tracker(cfg.logger, run_dir, resolved, choices, env.is_main, resumed["wandb_id"])
         progress = StepProgress(cfg.train.steps, start_step, env.is_main)
         loop = Loop(cfg, env, strategy, feeder, meter, tracker, progress, run_dir, resolved, blocks)
-        loop.saved_step = start_step or None
+        loop.saved_step, loop.predicted_here = start_step or None, predicted
         stopped = train_loop(loop, start_step, run_dir, env)
         summary = {**meter.summary(), **loop.profiler.figures(), "profile": loop.profiler.record(),
                    "activation_bytes": loop.activation_bytes, **loop.memory_record()}
