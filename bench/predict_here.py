@@ -7,7 +7,8 @@ by measured step where the measured ranges do not overlap. Runs whose machine wa
 calibration at start or end (summary.json's `machine_speed.off`) are named, and the MAPE is given again with each
 prediction scaled by the machine's speed then (the calibration's GEMM probe, timed beside the prediction) over its
 speed in each run (the mean of the run's start and end probes): a machine that slows between the prediction and
-the run is not the model's error.
+the run is not the model's error. Each run's own prediction (summary.json's `predicted`, made by the run before
+its first step) is set beside it, with its MAPE.
 
 The configurations: the layouts sweep's three arms (4 ranks, global batch 16), the matrix / C3 arms (ddp and
 ddp_sync, fp32 and bf16, 2 ranks, grad_accum 8 x batch 4), C4's model (dim 256, 4 layers, seq 128) in fp32 and
@@ -79,6 +80,7 @@ def run(overrides: str, run_dir: Path) -> dict:
     s = json.loads((run_dir / "summary.json").read_text())
     speed = s.get("machine_speed") or {}
     return {"step_time_s": s["step_time_s"], "off": bool(speed.get("off")),
+            "own": (s.get("predicted") or {}).get("step_time_s"),   # the run's own, made before its first step
             "speed": (speed["start_ratio"] + speed["end_ratio"]) / 2 if speed else None}
 
 
@@ -95,8 +97,9 @@ def main() -> None:
     for r in range(args.repeats):
         for i, (name, (_, o)) in enumerate(configs.items()):
             measured[name].append(run(o, out / f"{i:02d}-r{r}"))
-    rows, errors, scaled_errors = {}, [], []
-    print(f"{'configuration':<22} {'predicted':>10} {'measured median [min, max]':>32} {'error':>7}")
+    rows, errors, scaled_errors, own_errors = {}, [], [], []
+    print(f"{'configuration':<22} {'predicted':>10} {'measured median [min, max]':>32} {'error':>7} "
+          f"{'run own':>10} {'error':>7}")
     for name, runs in measured.items():
         steps = [m["step_time_s"] for m in runs]
         median, p = statistics.median(steps), predictions[name]["step_time_s"]
@@ -106,11 +109,18 @@ def main() -> None:
         rows[name] = {"predicted": p, "median": median, "measured": steps}
         off = sum(m["off"] for m in runs)
         note = f"  ({off} run(s) off their calibration)" if off else ""
+        own = statistics.median(m["own"] for m in runs) if all(m["own"] for m in runs) else None
+        if own:
+            own_errors.append(abs(own - median) / median)
+        own_text = f"{own * 1e3:>7.1f} ms {(own - median) / median:>+7.1%}" if own else f"{'—':>10} {'':>7}"
         print(f"{name:<22} {p * 1e3:>7.1f} ms {median * 1e3:>9.1f} ms [{min(steps) * 1e3:6.1f}, "
-              f"{max(steps) * 1e3:6.1f}] {(p - median) / median:>+7.1%}{note}")
+              f"{max(steps) * 1e3:6.1f}] {(p - median) / median:>+7.1%} {own_text}{note}")
     print(f"MAPE {statistics.mean(errors):.1%} over {len(errors)} configurations ({args.repeats} runs each); "
           f"scaled by the machine's speed at the prediction and in each run: {statistics.mean(scaled_errors):.1%}; "
           f"runs in {out}")
+    if own_errors:
+        print(f"the runs' own predictions (each made before its first step, median of its runs): MAPE "
+              f"{statistics.mean(own_errors):.1%} over {len(own_errors)} configurations")
     for sweep in sorted({s for s, _ in configs.values()}):
         arms = {n: rows[n] for n, (s, _) in configs.items() if s == sweep}
         if len(arms) > 1:

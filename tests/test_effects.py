@@ -98,8 +98,8 @@ def test_an_adhoc_grid_is_analysed_by_the_groups_the_user_varied(tmp_path):
             fake_run(tmp_path, f"{seed}_{i}", config, tokens_per_s=speed(cell, 0.01 * seed),
                      comm_bytes_per_step=800.0 if par == "ddp_sync" else 100.0)
     built = report.build([tmp_path])
-    assert not built["groups"] and [f.name for f in built["factorials"]] == ["grid"]
-    (grid,) = built["factorials"]
+    assert not built.groups and [f.name for f in built.found["factorials"]] == ["grid"]
+    (grid,) = built.found["factorials"]
     assert grid.sweep["factors"] == {"parallel": ["ddp_sync", "ddp"], "precision": ["fp32", "bf16"]}
     terms = {(e.metric, e.term): e for e in grid.effects}
     assert terms[("comm_bytes_per_step", "parallel")].estimate == pytest.approx(0.125)
@@ -110,7 +110,7 @@ def test_an_adhoc_grid_is_analysed_by_the_groups_the_user_varied(tmp_path):
 def test_the_number_of_ranks_is_a_knob_not_the_hardware(tmp_path):
     fake_run(tmp_path, "one", {"launcher": {"nproc_per_node": 1}}, world_size=1, tokens_per_s=100.0)
     fake_run(tmp_path, "two", {"launcher": {"nproc_per_node": 2}}, world_size=2, tokens_per_s=180.0)
-    speed_check = next(c for c in report.build([tmp_path])["checks"] if c.metric == "tokens_per_s")
+    speed_check = next(c for c in report.build([tmp_path]).checks if c.metric == "tokens_per_s")
     assert speed_check.verdict != "not measurable here" and speed_check.measured == pytest.approx(1.8)
 
 
@@ -132,7 +132,7 @@ def test_one_run_per_cell_gives_point_effects_exact_counts_and_every_cell(tmp_pa
 def test_a_factorial_opens_with_its_conclusion_holm_corrected(tmp_path):
     planted(tmp_path)
     built = report.build([tmp_path])
-    (factorial,) = built["factorials"]
+    (factorial,) = built.found["factorials"]
     said = "\n".join(effects.conclusion(factorial))
     assert "the largest main effects: `parallel` x1.98 [x1.92, x2.04]; `precision` x1.52" in said   # planted 2, 1.5
     assert "Interactions distinguishable from noise: `precision:parallel` x1.24" in said   # planted 1.2

@@ -36,9 +36,9 @@ def planted(root, slow=None, stall=None, off=None):
 def test_a_slow_run_is_named_and_the_verdict_is_given_without_it(tmp_path):
     planted(tmp_path, slow=("b", 2))
     built = report.build([tmp_path])
-    assert list(built["outliers"]) == [str(tmp_path / "2_b")]
-    assert "x2.96 slower than the median of its arm's other 3 runs" in built["outliers"][str(tmp_path / "2_b")]
-    speed = built["checks"][0]
+    assert list(built.outliers) == [str(tmp_path / "2_b")]
+    assert "x2.96 slower than the median of its arm's other 3 runs" in built.outliers[str(tmp_path / "2_b")]
+    speed = built.checks[0]
     assert speed.outliers == "2_b"
     assert speed.other_way.startswith("without the outlier runs' pairs: ") and "(n=3)" in speed.other_way
     assert report.main([str(tmp_path)]) == 0
@@ -58,8 +58,8 @@ def test_two_runs_or_a_spread_arm_name_no_outlier():
 def test_a_stall_is_recorded_named_and_moves_the_interval_little(tmp_path):
     planted(tmp_path, stall=("a", 1))
     built = report.build([tmp_path])
-    assert built["outliers"] == {}                           # its median step is like the others'
-    speed = built["checks"][0]
+    assert built.outliers == {}                           # its median step is like the others'
+    speed = built.checks[0]
     assert 0.97 < speed.ci_low <= speed.ci_high < 1.03
     report.main([str(tmp_path)])
     md = (tmp_path / "report.md").read_text()
@@ -73,11 +73,11 @@ def test_a_rerun_is_paired_in_the_outliers_place_and_the_original_kept(tmp_path)
     (tmp_path / "2_b" / "summary.json").write_text(json.dumps({**summary, "rerun_as": rerun.name,
                                                                "outlier": "x3.00 slower"}))
     built = report.build([tmp_path])
-    group = built["groups"][0]
+    group = built.groups[0]
     assert str(tmp_path / "2_b") not in [str(r.path) for r in group.arms["treatment"].runs]
     assert str(rerun) in [str(r.path) for r in group.arms["treatment"].runs]
-    assert built["outliers"] == {}
-    speed = built["checks"][0]
+    assert built.outliers == {}
+    speed = built.checks[0]
     assert speed.outliers == "2_b" and speed.other_way.startswith("with the outlier runs instead of their reruns")
     assert 0.97 < speed.ci_low <= speed.ci_high < 1.03          # the rerun agrees with its arm
     report.main([str(tmp_path)])
@@ -88,18 +88,18 @@ def test_the_aa_floor_is_kept_per_host_and_workload_with_its_address_never_from_
     monkeypatch.setenv("ABLATE_CACHE_DIR", str(tmp_path / "cache"))
     clean, spoiled = tmp_path / "clean", tmp_path / "spoiled"
     planted(clean)
-    floor = report.build([clean])["noise_floor"]
+    floor = report.build([clean]).noise_floor
     assert floor["from"] == "these runs" and floor["dir"] == str(clean.resolve())
     assert floor["workload"].startswith("tiny b8") and floor["measured"][:2] == "20"
     cached = json.loads((tmp_path / "cache" / "noise_floor.json").read_text())
     assert list(cached) == [f"{floor['host']}|{floor['workload']}"]
     planted(spoiled, stall=("a", 0))
-    again = report.build([spoiled])["noise_floor"]
+    again = report.build([spoiled]).noise_floor
     assert "not cached: 1 run(s) with an outlier, a stall or a machine off its calibrated speed: 0_a" in again["from"]
     planted(tmp_path / "off", off=("b", 1))   # the same rule as the report's notes: the machine, not the noise
-    assert "calibrated speed: 1_b" in report.build([tmp_path / "off"])["noise_floor"]["from"]
+    assert "calibrated speed: 1_b" in report.build([tmp_path / "off"]).noise_floor["from"]
     planted(tmp_path / "slow", slow=("a", 0))   # one pair x3 apart: an A/A interval too wide to give
-    slow_floor = report.build([tmp_path / "slow"])["noise_floor"]
+    slow_floor = report.build([tmp_path / "slow"]).noise_floor
     assert "these runs' A/A gives no interval (n=4 too small" in slow_floor["from"]
     assert json.loads((tmp_path / "cache" / "noise_floor.json").read_text()) == cached   # never replaced
     other = tmp_path / "other"
@@ -121,7 +121,7 @@ def test_mfu_against_one_peak_compares_arms_as_speeds(tmp_path):
                  tokens_per_s_per_device=1000.0, flops_per_token=1e6, peak_flops=1e10, mfu=0.1)
         fake_run(tmp_path, f"{r}_bf16", {"precision": {"name": "bf16"}}, {**sweep, "repeat": r},
                  tokens_per_s_per_device=500.0, flops_per_token=1e6, peak_flops=5e8, mfu=1.0)
-    by = {c.metric: c for c in report.build([tmp_path])["checks"]}
+    by = {c.metric: c for c in report.build([tmp_path]).checks}
     assert by["mfu_common_peak"].measured == pytest.approx(0.5)    # the speed ratio
     assert by["mfu"].measured == pytest.approx(10.0)               # own peaks: not a speed ratio
     report.main([str(tmp_path)])
@@ -181,7 +181,7 @@ def test_the_sweep_reruns_an_outlier_once_for_real_and_the_report_pairs_the_reru
     assert json.loads((rerun / "summary.json").read_text())["rerun_of"] == "2_b"
     runner.rerun_outliers(root, done, dict(os.environ), 300, None, None)   # once: never again
     assert not (root / "aa_noise" / "2_b_rerun_rerun").exists()
-    group = report.build([root])["groups"][0]
+    group = report.build([root]).groups[0]
     assert [r.path.name for r in group.arms["treatment"].runs][2] == "2_b_rerun"
     assert group.replaced[str(rerun)].path == slow
 

@@ -45,14 +45,14 @@ def test_repeats_are_grouped_paired_and_judged_with_an_interval(tmp_path):
     (tmp_path / "9_crashed").mkdir()
     (tmp_path / "9_crashed" / "config.yaml").write_text("sweep: {}\n")
     built = report.build([tmp_path])
-    assert [len(a.runs) for a in built["groups"][0].arms.values()] == [3, 3]
-    by = {c.metric: c for c in built["checks"]}
+    assert [len(a.runs) for a in built.groups[0].arms.values()] == [3, 3]
+    by = {c.metric: c for c in built.checks}
     comm, speed, frag = by["comm_bytes_per_step"], by["tokens_per_s"], by["fragmentation"]
     assert comm.exact and comm.measured == pytest.approx(0.875) and comm.verdict == "reproduced" and comm.n == 3
     assert speed.n == 3 and speed.measured == pytest.approx(1.5) and speed.ci_high < 2.05
     assert speed.verdict == "not reproduced"
     assert frag.verdict == "not measurable here" and "no CUDA device" in frag.reason
-    assert built["unfinished"] == [tmp_path / "9_crashed"]
+    assert built.unfinished == [tmp_path / "9_crashed"]
 
 
 def test_seeds_swept_inside_a_sweep_become_repeats_not_lost(tmp_path):
@@ -61,7 +61,7 @@ def test_seeds_swept_inside_a_sweep_become_repeats_not_lost(tmp_path):
             sweep = {k: v for k, v in SWEEP.items()}
             fake_run(tmp_path, f"{seed}_{no_sync}", {"parallel": {"no_sync": no_sync}, "train": {"seed": seed}},
                      sweep, comm_bytes_per_step=nbytes, tokens_per_s=100.0)
-    (c,) = [c for c in report.build([tmp_path])["checks"] if c.metric == "comm_bytes_per_step"]
+    (c,) = [c for c in report.build([tmp_path]).checks if c.metric == "comm_bytes_per_step"]
     assert c.n == 2
 
 
@@ -70,9 +70,9 @@ def test_plain_runs_are_compared_by_the_knob_their_configs_differ_in(tmp_path):
         fake_run(tmp_path, f"run{i}", {"precision": {"name": prec}, "train": {"seed": i}}, tokens_per_s=speed,
                  mfu=0.1, mem_peak_bytes=1e6, data_wait_frac=0.01, comm_bytes_per_step=0.0, loss=2.0)
     built = report.build([tmp_path])
-    (group,) = built["groups"]
+    (group,) = built.groups
     assert group.sweep["knob"] == "precision.name" and list(group.arms) == ["baseline", "treatment"]
-    speed = next(c for c in built["checks"] if c.metric == "tokens_per_s")
+    speed = next(c for c in built.checks if c.metric == "tokens_per_s")
     assert speed.verdict == "no claim" and speed.n == 2 and speed.measured == pytest.approx((1.3 + 128 / 104) / 2)
 
 
@@ -80,9 +80,9 @@ def test_runs_from_different_hardware_are_not_paired_unless_asked(tmp_path):
     c3_run(tmp_path, "a", False, 0, comm_bytes_per_step=800.0, tokens_per_s=100.0)
     c3_run(tmp_path, "b", True, 0, provenance={"cpu_model": "Other CPU", "cpu_cores": 64},
            comm_bytes_per_step=100.0, tokens_per_s=100.0)
-    comm = next(c for c in report.build([tmp_path])["checks"] if c.metric == "comm_bytes_per_step")
+    comm = next(c for c in report.build([tmp_path]).checks if c.metric == "comm_bytes_per_step")
     assert comm.verdict == "not measurable here" and "different hardware" in comm.reason
-    mixed = next(c for c in report.build([tmp_path], True)["checks"] if c.metric == "comm_bytes_per_step")
+    mixed = next(c for c in report.build([tmp_path], True).checks if c.metric == "comm_bytes_per_step")
     assert mixed.verdict == "reproduced"
 
 
@@ -91,7 +91,7 @@ def test_an_impossible_mfu_is_never_judged(tmp_path):
     fake_run(tmp_path, "a", {"parallel": {"no_sync": False}}, sweep, mfu=0.4)
     fake_run(tmp_path, "b", {"parallel": {"no_sync": True}}, sweep, mfu=None,
              invalid={"mfu": {"value": 3.46, "reason": "346% > 100% is impossible"}})
-    (c,) = report.build([tmp_path])["checks"]
+    (c,) = report.build([tmp_path]).checks
     assert c.verdict == "not measurable here" and "impossible" in c.reason
 
 
@@ -106,7 +106,7 @@ def test_expected_here_for_partitioning_and_what_the_plot_holds(tmp_path):
             fake_run(tmp_path, f"{r}_{par}", {"parallel": {"name": par}}, {**sweep, "repeat": r}, mem_peak_bytes=5e8,
                      per_rank=[{"state_bytes": {"params": total // 4, "grads": total // 4, "optimizer": total // 2}}])
     assert report.main([str(tmp_path)]) == 0
-    state = next(c for c in report.build([tmp_path])["checks"] if c.metric == "state_bytes_total")
+    state = next(c for c in report.build([tmp_path]).checks if c.metric == "state_bytes_total")
     assert state.expected_here == 0.5 and state.measured == pytest.approx(0.5) and state.verdict == "reproduced"
     panels = json.loads((tmp_path / "c2_zero3.plot.json").read_text())["panels"]
     state_panel, mem_panel = panels
@@ -215,7 +215,7 @@ def test_c6_expects_only_what_the_loader_can_deliver(tmp_path):
                                                               "read_latency_ms": latency_ms},
                                                "train": {"grad_accum": 1}}, {**sweep, "repeat": r},
                          step_time_s=0.010, data_wait_frac=0.4, tokens_per_s=tps + r)
-        return report.build([root])["checks"][0]
+        return report.build([root]).checks[0]
 
     fast = c6(6)
     assert fast.expected_here == pytest.approx(1 / 0.6) and "333 batches/s vs 167 batches/s" in fast.reason
@@ -245,8 +245,8 @@ def test_a_truncated_summary_is_named_and_the_rest_reported(tmp_path, capsys):
     cut = c3_run(tmp_path, "2_nosync", True, 2, comm_bytes_per_step=100.0, tokens_per_s=150.0) / "summary.json"
     cut.write_text(cut.read_text()[:40])
     built = report.build([tmp_path])
-    assert [len(a.runs) for a in built["groups"][0].arms.values()] == [2, 2]
-    assert {c.metric: c for c in built["checks"]}["comm_bytes_per_step"].verdict == "reproduced"
+    assert [len(a.runs) for a in built.groups[0].arms.values()] == [2, 2]
+    assert {c.metric: c for c in built.checks}["comm_bytes_per_step"].verdict == "reproduced"
     warned = [line for line in capsys.readouterr().err.splitlines() if str(cut) in line]
     assert len(warned) == 1 and "cannot be read" in warned[0] and "left out" in warned[0]
 

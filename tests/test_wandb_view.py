@@ -51,7 +51,7 @@ def test_a_sweeps_workspace_is_built_as_code_and_its_verdicts_logged_as_a_report
                                    "verdict"]
     assert ["C3", "reproduced"] == [verdicts["data"][0][0], verdicts["data"][0][-1]]
     assert len(verdicts["data"]) == 3
-    assert not report.build([tmp_path])["unfinished"]        # the report run's files are not a run
+    assert not report.build([tmp_path]).unfinished        # the report run's files are not a run
     assert report.main([str(tmp_path), "--wandb"]) == 2       # offline: says what it needs, in one line
     assert len(list(tmp_path.glob("wandb/offline-run-*"))) == 1   # the folder's report run replaced, not added to
     assert spec["entity"] == "your-entity" and section["localPanelSettings"]["xAxis"] == "step"

@@ -24,59 +24,98 @@ class Figure:
     scale: str = "log"
     exact: bool = False
     views: Tuple[str, ...] = ()
+    means: str = ""                 # its one-line definition (docs/records.md's table of figures)
 
 
 def _declare(*figures: Figure) -> Dict[str, Figure]:
     for f in figures:
-        assert set(f.views) <= set(VIEWS) and f.scale in ("log", "linear"), f
+        assert set(f.views) <= set(VIEWS) and f.scale in ("log", "linear") and f.means, f
     return {f.name: f for f in figures}
 
 
-# One entry per figure: a new figure is one line here, and reads the same in every view.
+# One entry per figure: a new figure is one line here, and reads the same in every view; docs/records.md's table
+# of figures is rendered from it (`python -m ablate.units`)
 FIGURES = _declare(
-    Figure("loss", "plain", views=("console", "arm", "cell")),
-    Figure("tokens_per_s", "rate", "tok/s", "higher", views=("console", "arm", "cell", "effect", "gate")),
-    Figure("tokens_per_s_per_device", "rate", "tok/s", "higher"),
-    Figure("step_time_s", "time", "s", "lower", views=("console", "effect", "gate")),
-    Figure("tflops_per_device", "rate", "TFLOP/s", "higher", views=("console",)),
-    Figure("mfu", "share", "%", "higher", views=("console", "arm", "cell", "gate")),
+    Figure("loss", "plain", views=("console", "arm", "cell"),
+           means="next-token cross-entropy: a log row's mean over its micro-batches and ranks; the run's: the last "
+                 "row's"),
+    Figure("tokens_per_s", "rate", "tok/s", "higher", views=("console", "arm", "cell", "effect", "gate"),
+           means="tokens trained per second by all ranks, from the median steady step"),
+    Figure("tokens_per_s_per_device", "rate", "tok/s", "higher", means="tokens_per_s over the devices"),
+    Figure("step_time_s", "time", "s", "lower", views=("console", "effect", "gate"),
+           means="the median steady optimizer step, first micro-batch to optimizer step (warm-up, traced steps out)"),
+    Figure("tflops_per_device", "rate", "TFLOP/s", "higher", views=("console",),
+           means="model FLOPs per second per device at the median step"),
+    Figure("mfu", "share", "%", "higher", views=("console", "arm", "cell", "gate"),
+           means="achieved model FLOP/s per device over `peak_flops` (its source: `peak_flops_source`)"),
     # MFU against the sweep's common peak: its ratio between arms is their speed ratio, so it is taken as one
-    Figure("mfu_common_peak", "share", "%", "higher", views=("arm", "effect")),
-    Figure("hfu", "share", "%", "higher", views=("console",)),
-    Figure("mfu_vs_measured_peak", "share", "%", "higher"),
-    Figure("mfu_vs_datasheet_peak", "share", "%", "higher"),
-    Figure("peak_flops_source", "plain", views=("console",)),
-    Figure("data_wait_frac", "share", "%", "lower", "linear", views=("console", "arm", "effect")),
-    Figure("mem_peak_bytes", "bytes", better="lower", views=("console", "arm", "cell", "effect", "gate")),
-    Figure("mem_reserved_bytes", "bytes", better="lower", views=("console",)),
-    Figure("fragmentation", "share", "%", "lower", "linear", views=("console",)),
-    Figure("inactive_split_frac", "share", "%", "lower", "linear"),
-    Figure("gpu_util", "share", "%", "higher", "linear", views=("console",)),
-    Figure("comm_overlap_frac", "share", "%", "higher", "linear"),
+    Figure("mfu_common_peak", "share", "%", "higher", views=("arm", "effect"),
+           means="in a report: every arm's MFU over the baseline's peak (a speed ratio between precisions)"),
+    Figure("hfu", "share", "%", "higher", views=("console",),
+           means="as mfu, counting what activation checkpointing recomputes (hw_flops_per_token)"),
+    Figure("mfu_vs_measured_peak", "share", "%", "higher", means="MFU over this machine's measured GEMM peak"),
+    Figure("mfu_vs_datasheet_peak", "share", "%", "higher", means="MFU over the device's datasheet peak"),
+    Figure("peak_flops_source", "plain", views=("console",),
+           means="the MFU denominator's source: override > datasheet > measured (a GEMM probe in the run's dtype)"),
+    Figure("data_wait_frac", "share", "%", "lower", "linear", views=("console", "arm", "effect"),
+           means="host time blocked on the loader over the step time"),
+    Figure("mem_peak_bytes", "bytes", better="lower", views=("console", "arm", "cell", "effect", "gate"),
+           means="CUDA: peak allocated; CPU: the process's peak RSS"),
+    Figure("mem_reserved_bytes", "bytes", better="lower", views=("console",),
+           means="CUDA: peak reserved by the caching allocator; null on a CPU"),
+    Figure("fragmentation", "share", "%", "lower", "linear", views=("console",),
+           means="1 - active_bytes.all.peak / reserved_bytes.all.peak (CUDA); null on a CPU"),
+    Figure("inactive_split_frac", "share", "%", "lower", "linear",
+           means="the allocator's inactive split blocks over reserved (CUDA); null on a CPU"),
+    Figure("gpu_util", "share", "%", "higher", "linear", views=("console",),
+           means="NVML utilisation (nvidia-smi's busy), sampled in a thread"),
+    Figure("comm_overlap_frac", "share", "%", "higher", "linear",
+           means="|comm ∩ compute| / |comm| over the traced steps (metrics.profile_steps)"),
     Figure("comm_bytes_per_step", "bytes", better="lower", exact=True,
-           views=("console", "arm", "cell", "effect", "gate")),
+           views=("console", "arm", "cell", "effect", "gate"),
+           means="bytes the strategy's collectives moved per optimizer step (payload: the full buffer)"),
     Figure("comm_calls_per_step", "count", "calls/step", "lower", exact=True,
-           views=("console", "cell", "effect", "gate")),
-    Figure("flops_per_token", "flops", "FLOP/token", exact=True, views=("gate",)),
-    Figure("nonfinite_steps", "count", "steps", "lower", views=("console", "arm")),
-    Figure("scaler_skipped_steps", "count", "steps", "lower", views=("console", "arm")),
-    Figure("loss_scale", "plain"),
-    Figure("grad_norm", "plain"),
+           views=("console", "cell", "effect", "gate"), means="the strategy's collectives per optimizer step"),
+    Figure("flops_per_token", "flops", "FLOP/token", exact=True, views=("gate",),
+           means="model FLOPs per trained token: 6N + the LM head + full attention (torchtitan's), or counted"),
+    Figure("nonfinite_steps", "count", "steps", "lower", views=("console", "arm"),
+           means="optimizer steps whose loss was not finite"),
+    Figure("scaler_skipped_steps", "count", "steps", "lower", views=("console", "arm"),
+           means="optimizer steps fp16's GradScaler skipped for overflow"),
+    Figure("loss_scale", "plain", means="fp16's loss scale at the end"),
+    Figure("grad_norm", "plain", means="the gradients' total norm at the last step"),
     # shown by no view of their own; declared so that a search can aim at them (ablate.tune --objective)
-    Figure("step_time_p90_s", "time", "s", "lower"),
-    Figure("step_time_mean_s", "time", "s", "lower"),
-    Figure("tokens_per_s_wall", "rate", "tok/s", "higher"),
-    Figure("stall_s", "time", "s", "lower"),
-    Figure("compute_before_comm_s", "time", "s", "lower"),
-    Figure("activation_bytes", "bytes", better="lower"),
-    Figure("peak_bytes_measured", "bytes", better="lower", views=("console", "arm")),
-    Figure("peak_bytes_planned", "bytes", better="lower", views=("arm",)),
-    Figure("peak_ratio", "plain", views=("arm",)),   # measured / planned (model/peak.py)
-    Figure("hw_flops_per_token", "flops", "FLOP/token"),
+    Figure("step_time_p90_s", "time", "s", "lower", means="the 90th percentile steady step"),
+    Figure("step_time_mean_s", "time", "s", "lower",
+           means="wall clock over the measured steps per step: stalls, log steps and checkpoints included"),
+    Figure("tokens_per_s_wall", "rate", "tok/s", "higher", means="tokens over the measured steps' wall clock"),
+    Figure("stall_s", "time", "s", "lower", means="the time of steps over 10x the median beyond the median"),
+    Figure("compute_before_comm_s", "time", "s", "lower",
+           means="the median host time from a step's start to its first collective (data and compute)"),
+    Figure("activation_bytes", "bytes", better="lower",
+           means="what autograd saved for backward at the first micro-step"),
+    Figure("peak_bytes_measured", "bytes", better="lower", views=("console", "arm"),
+           means="the most tensor memory live at once in one full optimizer step, on the most loaded rank"),
+    Figure("peak_bytes_planned", "bytes", better="lower", views=("arm",),
+           means="the plan's peak tensor bytes per rank for this run (model/peak.py)"),
+    Figure("peak_ratio", "plain", views=("arm",), means="peak_bytes_measured / peak_bytes_planned"),
+    Figure("hw_flops_per_token", "flops", "FLOP/token",
+           means="flops_per_token + what activation checkpointing recomputes"),
     # a pipeline's (parallel.pp > 1): the fraction of a step its ranks wait, measured and as its schedule expects
-    Figure("pp_bubble", "share", "%", "lower", "linear", views=("console", "arm")),
-    Figure("pp_bubble_expected", "share", "%", "lower", "linear", views=("arm",)),
+    Figure("pp_bubble", "share", "%", "lower", "linear", views=("console", "arm"),
+           means="the fraction of a step a pipeline's rank waits in its schedule (the ranks' mean)"),
+    Figure("pp_bubble_expected", "share", "%", "lower", "linear", views=("arm",),
+           means="the bubble the pipeline's schedule leaves with equal stages"),
 )
+
+
+def render() -> str:
+    """docs/records.md's table of figures, from FIGURES (tests/test_docs.py holds the page to it)."""
+    rows = ["| figure | unit | better | exact | means |", "|---|---|---|---|---|"]
+    for f in FIGURES.values():
+        shown = {"bytes": "bytes", "share": "%"}.get(f.kind, f.unit) or "—"
+        rows.append(f"| `{f.name}` | {shown} | {f.better or '—'} | {'yes' if f.exact else ''} | {f.means} |")
+    return "\n".join(rows) + "\n"
 
 
 def in_view(view: str) -> Tuple[str, ...]:
@@ -166,3 +205,7 @@ def effect(kind: str, value: Optional[float], metric: str = "") -> str:
     if kind == "difference":
         return f"{value * 100:+.2g} pp" if is_fraction(metric) else f"{value:+.4g}"
     return "= 0" if value == 0 else fmt(metric, value)
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import List
 
 from ablate.config import arguments as cli
-from ablate.report import compare, effects, wandb_view, waterfall
+from ablate.report import compare, wandb_view
 from ablate.report import output as report_output
+from ablate.report.analyses import ANALYSES
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,12 +40,12 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.report: error: not a directory: {missing[0]}", file=sys.stderr)
         return 2
     report = compare.build(args.dirs, args.mixed_hardware, args.confidence)
-    if not report["checks"] and not report["runs"] and report["unfinished"]:
-        shown = ", ".join(map(str, report["unfinished"][:3])) + (" ..." if len(report["unfinished"]) > 3 else "")
-        print(f"ablate.report: error: nothing to compare: {len(report['unfinished'])} run(s) did not finish (no "
+    if not report.checks and not report.runs and report.unfinished:
+        shown = ", ".join(map(str, report.unfinished[:3])) + (" ..." if len(report.unfinished) > 3 else "")
+        print(f"ablate.report: error: nothing to compare: {len(report.unfinished)} run(s) did not finish (no "
               f"summary.json): {shown}; continue one with python -m ablate train.resume=<its dir>", file=sys.stderr)
         return 2
-    if not report["checks"] and not report["factorials"] and not report["stacks"]:
+    if report.compares_nothing():
         print(f"ablate.report: error: nothing to compare under {', '.join(map(str, args.dirs))}: no runs of a "
               "sweeps/ file, and no two runs that differ in a knob (run e.g. python -m ablate.sweeps c3_no_sync)",
               file=sys.stderr)
@@ -61,13 +62,12 @@ def main(argv: List[str] = None) -> int:
         print(f"ablate.report: error: {out}: the report cannot be written ({e.strerror or type(e).__name__}: "
               f"{e.filename or out}); give --out DIR", file=sys.stderr)
         return 2
-    compare.write_csv(out / "report.csv", report["checks"])
-    if report["factorials"]:
-        effects.write_csv(out / "effects.csv", report["factorials"])
-    if report["stacks"]:
-        waterfall.write_csv(out / "waterfall.csv", report["stacks"])
+    compare.write_csv(out / "report.csv", report.checks)
+    tables = ["report.csv"]
+    for analysis in (a for a in ANALYSES if report.found[a.key]):
+        analysis.write_csv(out / analysis.csv, report.found[analysis.key])
+        tables.append(analysis.csv)
     report_output.print_table(report)
-    tables = ["report.csv"] + [n for n in ("effects.csv", "waterfall.csv") if (out / n).exists()]
     print(f"report: {path} (and {', '.join(tables)}, {len(list(out.glob('*.png')))} PNG)")
     where = wandb_view.wandb_runs(report)
     if where:   # the runs went to W&B: their view as code, and the verdicts as a run of the same group

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ablate import units
-from ablate.report import arithmetic, effects, noise, outliers, plan, sequential, stats, table, waterfall
-from ablate.report import output as report_output
+from ablate.report import arithmetic, noise, outliers, plan, sequential, stats, table
 from ablate.report import runs as R
 from ablate.report.adhoc import group_adhoc
+from ablate.report.analyses import ANALYSES
 from ablate.report.conditions import busy_note, machine_note
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
@@ -154,7 +154,7 @@ def _other_way(group: R.Group, spec: Dict, base, treat, flagged: Dict[str, str],
     est, verdict = _judge(spec, b, t, claimed, expected, level) if b else (None, None)
     if est is None:
         return f"{what}: no pairs left"
-    measured = report_output.effect_text(est.kind, spec["metric"], est.median, est.ci_low, est.ci_high, est.n,
+    measured = stats.effect_text(est.kind, spec["metric"], est.median, est.ci_low, est.ci_high, est.n,
                                          est.exact)
     return f"{what}: {measured}, {verdict}"
 
@@ -245,7 +245,27 @@ def _unclaimed_expectation(est: stats.Estimate, expected, tolerance: float, bett
     return UNCLAIMED.get(judged, "").format(e=units.effect(est.kind, expected, metric))
 
 
-def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -> Dict[str, object]:
+@dataclass
+class Report:
+    """Everything the report shows, found once; every view reads it. `found`: each analysis's items (analyses.py),
+    by its key."""
+    runs: List[R.Run]
+    unfinished: List[Path]
+    missing: List[str]
+    groups: List[R.Group]
+    checks: List[Check]
+    outliers: Dict[str, str]
+    noise_floor: Optional[Dict[str, object]]
+    arithmetic: List[str]
+    level: float
+    sequential: Optional[Dict[str, object]]
+    found: Dict[str, List[Any]]
+
+    def compares_nothing(self) -> bool:
+        return not self.checks and not any(self.found.values())
+
+
+def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -> Report:
     """Everything the report shows; `level`: the intervals' confidence (ablate.sweeps --repeats auto
     passes a corrected one, report/sequential.py)."""
     found, unfinished = R.find(dirs)
@@ -259,13 +279,9 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
     failures = plan.failed(dirs)
     checks = [check(g, spec, mixed_hardware, flagged, level, failures) for g in groups
               for spec in [*g.sweep.get("checks", []), *collected_checks(g)]]
-    return {"runs": runs, "unfinished": unfinished, "missing": plan.missing(dirs), "groups": groups, "checks": checks,
-            "outliers": flagged,
-            "factorials": effects.find(runs), "stacks": waterfall.find(runs),
-            "noise_floor": noise.floor(groups, checks, flagged),
-            "arithmetic": arithmetic.claims() + arithmetic.article_mfu(groups)
-            if any(g.sweep.get("claim") for g in groups) else [], "level": level,
-            "sequential": sequential.read(dirs[0])}
+    return Report(runs, unfinished, plan.missing(dirs), groups, checks, flagged, noise.floor(groups, checks, flagged),
+                  arithmetic.claims() + arithmetic.article_mfu(groups) if any(g.sweep.get("claim") for g in groups)
+                  else [], level, sequential.read(dirs[0]), {a.key: a.find(runs) for a in ANALYSES})
 
 
 def write_csv(path: Path, checks: List[Check]) -> None:

@@ -189,6 +189,28 @@ def write_csv(path: Path, analyses: List[Factorial]) -> None:
     table.write(path, FIELDS, (e for a in analyses for e in a.effects))
 
 
+def console(a: Factorial) -> List[str]:
+    """The console's lines: the effects on tokens/s (every metric's are in effects.csv)."""
+    return [f"{a.name}: effects on tokens/s (level 2 over level 1; interactions as ratios of ratios):"] + \
+        [f"  {e.term:<32} {effect_text(e)}" for e in a.effects if e.metric == "tokens_per_s"]
+
+
+def wandb_section(a: Factorial):
+    """Its W&B workspace section: each factor's levels to the speed, run by run (wandb-workspaces)."""
+    import wandb_workspaces.reports.v2 as wr
+    import wandb_workspaces.workspaces as ws
+
+    def config_key(knob: str) -> str:   # a config group's `name`, else the knob itself
+        return f"{knob}.name" if isinstance(a.runs[0].config.get(knob), dict) else knob
+
+    columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(config_key(k))) for k in a.sweep["factors"]]
+    panels = [wr.ParallelCoordinatesPlot(title="factors -> tokens/s", columns=columns + [
+        wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))])]
+    panels += [wr.LinePlot(title=f"{m} against step", x="step", y=[m]) for m in ("tokens_per_s", "loss")]
+    return ws.Section(name=f"{a.sweep.get('technique', '')} ({a.name}, factorial)", panels=panels, is_open=True,
+                      panel_settings=ws.SectionPanelSettings(x_axis="step"))
+
+
 def effect_text(e: Effect) -> str:
     log_scale = e.kind.startswith("ratio")
     show = (lambda v: f"x{v:.3g}") if log_scale else (lambda v: units.effect("difference", v, e.metric))

@@ -3,11 +3,13 @@ per comparison with its data beside it as JSON, and the console table."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 from ablate import units
-from ablate.report import effects, noise, outliers, panels, predicted, sequential, stats, timeline, waterfall
+from ablate.report import noise, outliers, panels, sequential, stats, timeline
 from ablate.report import runs as R
+from ablate.report.analyses import ANALYSES, GROUP_SECTIONS
+from ablate.report.compare import Report
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -20,45 +22,32 @@ THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with 
 
 
 def measured_text(c) -> str:
-    return effect_text(c.effect_kind, c.metric, c.measured, c.ci_low, c.ci_high, c.n, c.exact)
-
-
-def effect_text(kind: str, metric: str, value, lo, hi, n: int, exact: bool = False) -> str:
-    """'x1.02 [x0.98, x1.05] (n=4)', '−87.5% (exact, n=2)', '— ' for none."""
-    if value is None:
-        return "—"
-    text = units.effect(kind, value, metric)
-    if exact:
-        return f"{text} (exact, n={n})"
-    if lo is None:
-        return f"{text} (n={n}, no interval)"
-    ends = (hi, lo) if kind == "reduction" else (lo, hi)   # −x% reads low->high
-    return f"{text} [{units.effect(kind, ends[0], metric)}, {units.effect(kind, ends[1], metric)}] (n={n})"
+    return stats.effect_text(c.effect_kind, c.metric, c.measured, c.ci_low, c.ci_high, c.n, c.exact)
 
 
 def claimed_text(c) -> str:
     return "no claim" if c.claimed is None else units.effect(c.effect_kind, c.claimed, c.metric)
 
 
-def header(report: Dict) -> List[str]:
-    lines = ["# ablate report: claimed vs measured", "", noise.header_line(report["noise_floor"])]
-    if report.get("sequential"):
-        lines += ["", sequential.header_line(report["sequential"])]
-    hardware = sorted({r.hardware for r in report["runs"]})
-    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report['runs'])} runs.", "", peaks_line(report["runs"]),
+def header(report: Report) -> List[str]:
+    lines = ["# ablate report: claimed vs measured", "", noise.header_line(report.noise_floor)]
+    if report.sequential:
+        lines += ["", sequential.header_line(report.sequential)]
+    hardware = sorted({r.hardware for r in report.runs})
+    lines += ["", f"Hardware: {'; '.join(hardware)}. {len(report.runs)} runs.", "", peaks_line(report.runs),
               "", THRESHOLD_RULE, "", outliers.RULE, ""]
-    groups = sorted({(r.summary.get("wandb") or {}).get("group") for r in report["runs"]} - {None})
+    groups = sorted({(r.summary.get("wandb") or {}).get("group") for r in report.runs} - {None})
     if groups:
         lines += [f"W&B: group(s) {', '.join(f'`{g}`' for g in groups)} (in the project, *Group* by that name; "
                   "tags `arm:baseline|treatment`, `repeat:N` filter the arms and repeats)", ""]
-    if report["unfinished"]:
+    if report.unfinished:
         lines += ["**Runs that did not finish** (no summary.json; not in any figure):", ""]
-        lines += [f"- `{p}`" for p in report["unfinished"]] + [""]
-    if report.get("missing"):
-        lines += [f"**Runs of the sweep's plan without a result** ({len(report['missing'])}; the same ablate.sweeps "
+        lines += [f"- `{p}`" for p in report.unfinished] + [""]
+    if report.missing:
+        lines += [f"**Runs of the sweep's plan without a result** ({len(report.missing)}; the same ablate.sweeps "
                   "command runs them):", ""]
-        lines += [f"- {m}" for m in report["missing"]] + [""]
-    named = outliers.lines(report["groups"], report.get("outliers") or {})
+        lines += [f"- {m}" for m in report.missing] + [""]
+    named = outliers.lines(report.groups, report.outliers)
     if named:
         lines += ["**Outliers and stalls** (each check touched by an outlier gives its estimate the other way "
                   "too, in *other way*):", ""] + named + [""]
@@ -152,7 +141,8 @@ def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
             cells.append(units.fmt(key, value) if value is not None else "—")
         cells.append(stragglers(arm.runs))
         lines.append(f"| {role} (`{arm.value}`, n={len(arm.runs)}) | " + " | ".join(cells) + " |")
-    lines += predicted.section(group)
+    for section in GROUP_SECTIONS:
+        lines += section(group)
     if group.unpaired:
         lines += ["", "Unpaired repeats (one arm has more runs; drawn, not in the effect): "
                   + ", ".join(f"`{r.path.name}`" for r in group.unpaired)]
@@ -164,52 +154,45 @@ def group_section(group, plot: str, pictures: List[str] = ()) -> List[str]:
     return lines
 
 
-def write(out: Path, report: Dict) -> Path:
-    lines = header(report) + verdict_table(report["checks"])
-    for group in report["groups"]:
-        plot = panels.draw(out, group, [c for c in report["checks"] if c.sweep == group.name], measured_text)
+def write(out: Path, report: Report) -> Path:
+    lines = header(report) + verdict_table(report.checks)
+    for group in report.groups:
+        plot = panels.draw(out, group, [c for c in report.checks if c.sweep == group.name], measured_text)
         lines += group_section(group, plot, timelines(out, group))
-    for factorial in report.get("factorials") or []:
-        lines += effects.section(factorial, effects.draw(out, factorial))
-    for stack in report.get("stacks") or []:
-        lines += waterfall.section(stack, waterfall.draw(out, stack))
-    if report["arithmetic"]:   # the week-4 claims' own numbers: for their sweeps, not a sweep of the user's
-        lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in report["arithmetic"]]
+    for analysis in ANALYSES:
+        for item in report.found[analysis.key]:
+            lines += analysis.section(item, analysis.draw(out, item))
+    if report.arithmetic:   # the week-4 claims' own numbers: for their sweeps, not a sweep of the user's
+        lines += ["", "## The claims' arithmetic", ""] + [f"- {a}" for a in report.arithmetic]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def print_table(report: Dict) -> None:
+def print_table(report: Report) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    floor = report["noise_floor"]
+    floor = report.noise_floor
     table = Table(title="claimed vs measured" + (f" (noise floor ±{floor['half_width']:.1%} tok/s, n={floor['n']})"
                                                  if floor and "half_width" in floor else ""))
     for col in ("claim", "check", "claimed", "measured [95% CI] (n)", "verdict"):
         table.add_column(col)
     colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan", "bold red")))
-    for c in report["checks"]:
+    for c in report.checks:
         vs = " (vs expected here)" if against_expected(c) else ""
         table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)),
                       f"[{colour[c.verdict]}]{c.verdict}{vs}")
-    if report["checks"]:
+    if report.checks:
         Console().print(table)
-    for factorial in report.get("factorials") or []:   # the throughput effects; every metric is in effects.csv
-        print(f"{factorial.name}: effects on tokens/s (level 2 over level 1; interactions as ratios of ratios):")
-        for e in (e for e in factorial.effects if e.metric == "tokens_per_s"):
-            print(f"  {e.term:<32} {effects.effect_text(e)}")
-    for stack in report.get("stacks") or []:
-        print(f"{stack.name}: tokens/s step by step (change against the step before, or the full stack):")
-        for row in (r for r in stack.rows if r.metric == "tokens_per_s"):
-            print(f"  {row.kind:<14} {row.step:<12} {units.fmt(row.metric, row.value):>14}  "
-                  f"{waterfall.change_text(row)}")
-    for c in report["checks"]:
+    for analysis in ANALYSES:
+        for item in report.found[analysis.key]:
+            print("\n".join(analysis.console(item)))
+    for c in report.checks:
         if c.verdict in ("not measurable here", "failed"):
             print(f"  {c.claim} {c.metric}: {c.verdict}: {c.reason}")
-    for p in report["unfinished"]:
+    for p in report.unfinished:
         print(f"  did not finish: {p}")
-    for m in report.get("missing") or []:
+    for m in report.missing:
         print(f"  no result yet: {m}")

@@ -27,6 +27,8 @@ import statistics
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from ablate import units
+
 
 def central(values) -> Optional[float]:
     """An arm's central value, the one definition the arm table, report.csv, the plot data and the PNG read:
@@ -171,3 +173,16 @@ def spread(values: Sequence[float], share: bool = False) -> Tuple[Optional[float
         lo, hi = log_interval(values)
         return (None, None) if lo is None or hi / lo > MAX_SPAN else (lo, hi)   # n too small, as for effects
     return t_interval(values)
+
+
+def effect_text(kind: str, metric: str, value, lo, hi, n: int, exact: bool = False) -> str:
+    """'x1.02 [x0.98, x1.05] (n=4)', '−87.5% (exact, n=2)', '— ' for none."""
+    if value is None:
+        return "—"
+    text = units.effect(kind, value, metric)
+    if exact:
+        return f"{text} (exact, n={n})"
+    if lo is None:
+        return f"{text} (n={n}, no interval)"
+    ends = (hi, lo) if kind == "reduction" else (lo, hi)   # −x% reads low->high
+    return f"{text} [{units.effect(kind, ends[0], metric)}, {units.effect(kind, ends[1], metric)}] (n={n})"

@@ -24,14 +24,16 @@ from ablate import units
 from ablate.config import LoggerConfig
 from ablate.logger import wandb_mode
 from ablate.report import runs as R
+from ablate.report.analyses import ANALYSES
+from ablate.report.compare import Report
 
 SPEC_FILE = "wandb_workspace.json"
 VERDICT_COLUMNS = ["claim", "check", "claimed", "expected here", "measured", "interval", "n", "verdict"]
 
 
-def wandb_runs(report: Dict) -> Dict[str, object]:
+def wandb_runs(report: Report) -> Dict[str, object]:
     """{group, project, entity, mode} of the runs' W&B side, or {} when none was logged to W&B."""
-    logged = [r for r in report["runs"] if (r.summary.get("wandb") or {}).get("group")]
+    logged = [r for r in report.runs if (r.summary.get("wandb") or {}).get("group")]
     if not logged:
         return {}
     logger = logged[0].config.get("logger") or {}
@@ -39,14 +41,14 @@ def wandb_runs(report: Dict) -> Dict[str, object]:
             "entity": logger.get("entity"), "mode": logged[0].summary["wandb"].get("mode", "offline")}
 
 
-def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = None):
+def workspace(report: Report, where: Dict[str, object], entity: Optional[str] = None):
     """The wandb_workspaces.Workspace of these runs (entity: the project's owner, when known)."""
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 
     sections = []
-    for group in report["groups"]:
-        checks = [c for c in report["checks"] if c.sweep == group.name]
+    for group in report.groups:
+        checks = [c for c in report.checks if c.sweep == group.name]
         knob = group.sweep.get("knob", "")
         panels = [wr.BarPlot(title=f"{c.metric}: {c.what or c.metric} ({c.verdict})", metrics=[c.metric],
                              groupby=f"config.{knob}" if knob and "," not in knob else None,
@@ -60,16 +62,10 @@ def workspace(report: Dict, where: Dict[str, object], entity: Optional[str] = No
                 wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))]))
         sections.append(ws.Section(name=f"{R.title(group.sweep, group.name)} ({group.name})", panels=panels,
                                     is_open=True, panel_settings=ws.SectionPanelSettings(x_axis="step")))
-    for factorial in report.get("factorials") or []:   # each factor's levels to the speed, run by run
-        columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(_config_key(factorial.runs[0], k)))
-                   for k in factorial.sweep["factors"]]
-        panels = [wr.ParallelCoordinatesPlot(title="factors -> tokens/s", columns=columns + [
-            wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("tokens_per_s"))])]
-        panels += [wr.LinePlot(title=f"{m} against step", x="step", y=[m]) for m in ("tokens_per_s", "loss")]
-        sections.append(ws.Section(name=f"{factorial.sweep.get('technique', '')} ({factorial.name}, factorial)",
-                                   panels=panels, is_open=True, panel_settings=ws.SectionPanelSettings(x_axis="step")))
+    for analysis in (a for a in ANALYSES if a.wandb_section):   # analyses.py: each its own section
+        sections += [analysis.wandb_section(item) for item in report.found[analysis.key]]
     groups = where["groups"]
-    knobs = [g.sweep.get("knob", "") for g in report["groups"] if "," not in g.sweep.get("knob", ",")]
+    knobs = [g.sweep.get("knob", "") for g in report.groups if "," not in g.sweep.get("knob", ",")]
     runset = ws.RunsetSettings(filters=" or ".join(f"Group = '{g}'" for g in groups),
                                groupby=[ws.Config(knobs[0])] if knobs else [])
     return ws.Workspace(entity=entity_of(where, entity), project=where.get("project") or "ablate",
@@ -105,11 +101,6 @@ def tune_spec(knobs: List[str], objective: str, where: Dict[str, object]) -> Dic
                                              panel_settings=ws.SectionPanelSettings(x_axis="step"))])._spec
 
 
-def _config_key(run, knob: str) -> str:
-    """A factor's config key in W&B: a config group's `name`, else the knob itself."""
-    return f"{knob}.name" if isinstance(run.config.get(knob), dict) else knob
-
-
 def _unique(checks):
     seen, out = set(), []
     for c in checks:
@@ -119,7 +110,7 @@ def _unique(checks):
     return out
 
 
-def write_spec(out: Path, report: Dict, where: Dict[str, object], entity: Optional[str] = None) -> Path:
+def write_spec(out: Path, report: Report, where: Dict[str, object], entity: Optional[str] = None) -> Path:
     path = out / SPEC_FILE
     path.write_text(json.dumps(workspace(report, where, entity)._spec, indent=1))
     return path
@@ -137,7 +128,7 @@ def verdict_rows(checks) -> List[list]:
     return rows
 
 
-def log_report_run(out: Path, report: Dict, where: Dict[str, object], pictures: List[Path]) -> Optional[str]:
+def log_report_run(out: Path, report: Report, where: Dict[str, object], pictures: List[Path]) -> Optional[str]:
     """The `report` run: the verdict table and the plots, in the runs' group; its id, or None when W&B
     would not start (said in one line: the report's own files are written anyway)."""
     import wandb
@@ -155,7 +146,7 @@ def log_report_run(out: Path, report: Dict, where: Dict[str, object], pictures: 
         print(f"ablate.report: warning: no W&B report run ({type(e).__name__}: {str(e)[:160]})")
         return None
     with run:
-        run.log({"verdicts": wandb.Table(columns=VERDICT_COLUMNS, data=verdict_rows(report["checks"])),
+        run.log({"verdicts": wandb.Table(columns=VERDICT_COLUMNS, data=verdict_rows(report.checks)),
                  **{f"plots/{p.stem}": wandb.Image(str(p)) for p in pictures if p.exists()}})
         return run.id
 
@@ -165,7 +156,7 @@ def report_run_id(out: Path) -> str:
     return "report-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
 
 
-def push(report: Dict, where: Dict[str, object]) -> int:
+def push(report: Report, where: Dict[str, object]) -> int:
     """`--wandb`: save the workspace to the project (online); one line of what it needs when it cannot."""
     import wandb
 

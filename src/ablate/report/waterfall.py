@@ -97,6 +97,13 @@ def write_csv(path: Path, stacks: List[Stack]) -> None:
     table.write(path, FIELDS, (row for s in stacks for row in s.rows))
 
 
+def console(s: Stack) -> List[str]:
+    """The console's lines: tokens/s step by step (every metric's are in waterfall.csv)."""
+    return [f"{s.name}: tokens/s step by step (change against the step before, or the full stack):"] + \
+        [f"  {row.kind:<14} {row.step:<12} {units.fmt(row.metric, row.value):>14}  {change_text(row)}"
+         for row in s.rows if row.metric == "tokens_per_s"]
+
+
 def change_text(row: Row) -> str:
     if row.change is None:
         return "—"

@@ -38,7 +38,7 @@ def run_until_decided(runs, root: Path, extra: List[str], env: Dict[str, str], a
         if r + 1 < args.min_repeats:
             continue
         looks.append(r + 1)
-        stop, why = sequential.decision(compare.build([root], level=confidence)["checks"], r + 1, args.max_repeats)
+        stop, why = sequential.decision(compare.build([root], level=confidence).checks, r + 1, args.max_repeats)
         print(f"look at n={r + 1}: {why}", flush=True)
         if stop:
             break
