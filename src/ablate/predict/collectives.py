@@ -88,8 +88,8 @@ def _segment(a, products: int, reps: int, group, group_size: int) -> Dict[str, o
         full = torch.randn(max(group_size, nbytes // 4 // group_size * group_size))
         part = full[:full.numel() // group_size].clone()
         calls = {"all_reduce": lambda f=full: dist.all_reduce(f, group=group),
-                 "all_gather": lambda f=full, p=part: dist.all_gather_into_tensor(f, p, group=group),
-                 "reduce_scatter": lambda f=full, p=part: dist.reduce_scatter_tensor(p, f, group=group)}
+                 "all_gather": lambda f=full, p=part: dist.all_gather_single(f, p, group=group),
+                 "reduce_scatter": lambda f=full, p=part: dist.reduce_scatter_single(p, f, group=group)}
         for kind, call in calls.items():
             spent = statistics.median(_loop(call, work, reps) for _ in range(3))
             costs[kind].append([nbytes, max(0.0, spent - base)])

@@ -22,9 +22,11 @@ from __future__ import annotations
 import gc
 import logging
 import statistics
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -38,6 +40,7 @@ from ablate.model.contract import vocab_size_of
 from ablate.model.facts import declared_vocab
 from ablate.parallel.mesh import build_mesh
 from ablate.predict import collectives
+from ablate.predict.together import Together
 
 
 # the collective a counted function is (metrics/comm.py wraps torch.distributed's and the functional ones): its
@@ -73,9 +76,10 @@ def threads_per_rank(ranks_here: int) -> int:
     return max(1, usable_cores() // max(1, ranks_here))
 
 
-def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
+def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, List[Call]]:
     """Rank `rank`'s optimizer step of the run `cfg` (an AblateConfig) asks for, with a fake process group: its
-    median time (TIMED_STEPS and TIMED_S, after WARM_STEPS), and the collectives one step makes."""
+    median time (TIMED_STEPS and TIMED_S, after WARM_STEPS), and the collectives one step makes. `together`: the
+    FileStore where the ranks' free steps meet (together.py), for more than one rank."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     layout = parallel.layout_of(cfg)
@@ -83,7 +87,7 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
     torch.set_num_threads(threads_per_rank(cfg.launcher.nproc_per_node))
     if layout.world > 1 or parallel.choice(cfg.parallel.name).needs_group:
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
-    strategy = None
+    strategy, meet = None, Together(together, layout.world) if together else None
     try:
         mesh = build_mesh(layout, "cpu")
         torch.manual_seed(cfg.train.seed)
@@ -103,6 +107,8 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
                     strategy.backward(loss / cfg.train.grad_accum)
             strategy.step()
 
+        if meet:
+            meet.arrive()
         for _ in range(WARM_STEPS):
             step()
         times = []
@@ -110,6 +116,10 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
+        if meet:   # the cores as busy as the run's ranks keep them, until the slowest rank is timed
+            done = meet.timed()
+            while meet.waiting(done):
+                step()
         strategy.comm.log = []   # the run's own counter (metrics/comm.py): DTensor's collectives too
         started = time.perf_counter()
         step()
@@ -118,6 +128,8 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
                  for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
         return statistics.median(times), calls
     finally:
+        if meet:
+            meet.leave()
         if strategy is not None:
             strategy.close()   # its collective counter: a run's own is installed next
         torch.set_num_threads(threads)
@@ -125,12 +137,12 @@ def free_step(cfg, rank: int) -> Tuple[float, List[Call]]:
             dist.destroy_process_group()
 
 
-def _rank(rank: int, cfg, out) -> None:
+def _rank(rank: int, cfg, together: Path, out) -> None:
     # torch's advice to the model's author (DTensor's sequential all-reduces under fsdp2 x tp, FSDP2's view outputs),
     # once per process: a run keeps it in its log; the console of a prediction is no place for it
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
-    out.put((rank, *free_step(cfg, rank)))
+    out.put((rank, *free_step(cfg, rank, together)))
 
 
 def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call]]]:
@@ -138,8 +150,9 @@ def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call]]]:
     if ranks == 1:
         return [(0, *free_step(cfg, 0))]
     out = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_rank, args=(cfg, out), nprocs=ranks, start_method="spawn")
-    return sorted(out.get() for _ in range(ranks))
+    with tempfile.TemporaryDirectory(prefix="ablate-free-steps-") as meet:
+        mp.start_processes(_rank, args=(cfg, Path(meet) / "together", out), nprocs=ranks, start_method="spawn")
+        return sorted(out.get() for _ in range(ranks))
 
 
 def refusal(cfg) -> Optional[str]:
@@ -198,14 +211,15 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
 OFF = "not predicted: metrics.predict=false (`python -m ablate.plan --hardware here` with the run's overrides)"
 
 
-def before_joining(cfg, rank: int) -> Tuple[Optional[Tuple[float, List[Call]]], Optional[str]]:
+def before_joining(cfg, rank: int, together: Optional[Path]) -> Tuple[Optional[Tuple[float, List[Call]]],
+                                                                      Optional[str]]:
     """This rank's free step, or None and why not (metrics.predict off; a run this model cannot predict; a model
     whose step fails on a fake group: a prediction never stops a run that can train)."""
     why = OFF if not cfg.metrics.predict else refusal(cfg)
     if why:
         return None, why
     try:
-        free = free_step(cfg, rank)
+        free = free_step(cfg, rank, together)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError) as e:
         return None, f"not predicted: the step with free collectives failed ({type(e).__name__}: {e})"[:300]
     finally:

@@ -28,6 +28,7 @@ class RankEnv:
     slurm_step: Optional[str]   # SLURM_STEP_ID inside a job step (srun): a task of the job, train here
     submitit: bool              # started by submitit's sbatch script
     elastic: bool               # TORCHELASTIC_RUN_ID: a rank started by torch elastic (our local launcher, torchrun)
+    launch_id: str = ""         # one launch's, shared by its ranks: elastic's run id, Slurm's job.step, the port
 
     @property
     def in_slurm(self) -> bool:
@@ -46,7 +47,11 @@ def rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
                    node_rank=int(environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or 0),
                    launched=launched, slurm_tasks=slurm_tasks, slurm_job=environ.get("SLURM_JOB_ID"),
                    slurm_step=environ.get("SLURM_STEP_ID"),
-                   submitit="SUBMITIT_EXECUTOR" in environ, elastic="TORCHELASTIC_RUN_ID" in environ)
+                   submitit="SUBMITIT_EXECUTOR" in environ, elastic="TORCHELASTIC_RUN_ID" in environ,
+                   launch_id=environ.get("TORCHELASTIC_RUN_ID") or (f"{environ['SLURM_JOB_ID']}."
+                                                                    f"{environ.get('SLURM_STEP_ID', '')}"
+                                                                    if "SLURM_JOB_ID" in environ else "")
+                   or environ.get("MASTER_PORT", ""))
 
 
 # what torch elastic's agent sets for each rank it starts (LocalElasticAgent._start_workers, start_processes)

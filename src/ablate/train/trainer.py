@@ -196,11 +196,15 @@ def free_step_before_joining(cfg: AblateConfig, run_dir: Path):
     """This rank's step with free collectives (predict/here.py: the run's prediction on a CPU), timed before the
     rank joins the run's group: (its step and collectives, None) or (None, why not); (None, None) on a GPU, whose
     prediction is the GPU model's (predict.for_run). A config this device cannot run says so first."""
-    rank = ranks.rank_env().rank
+    launched = ranks.rank_env()
+    rank = launched.rank
     try:
         device = torch.device(distributed.device_type(cfg.train.device))
         check_runnable(cfg, device)
-        return (None, None) if device.type == "cuda" else here.before_joining(cfg, rank)
+        if device.type == "cuda":
+            return None, None
+        together = run_dir / f".free_steps.{launched.launch_id}" if parallel.layout_of(cfg).world > 1 else None
+        return here.before_joining(cfg, rank, together)
     except Exception as e:
         note_failure(run_dir, rank, e)
         raise
