@@ -146,6 +146,9 @@ def print_summary(summary: Dict[str, object]) -> None:
         label = f"{key} ({summary['mfu_convention']})" if key == "mfu" and summary.get("mfu_convention") else key
         note = f"expected {units.fmt(key, summary['pp_bubble_expected'])} ({summary['pipeline']['schedule']})" \
             if key == "pp_bubble" else notes.get(key, "")
+        predicted = (summary.get("predicted") or {}).get(key) if key in ("step_time_s", "tokens_per_s") else None
+        if predicted:   # summary.json's `predicted`, made before the first step (docs/prediction.md)
+            note = "; ".join(n for n in (f"predicted {units.fmt(key, predicted)} before the run", note) if n)
         table.add_row(label, value, note)
     console.print(table)
     if len(summary.get("hosts") or []) > 1:
