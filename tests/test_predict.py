@@ -128,3 +128,5 @@ def test_the_advisor_ranks_what_fits_and_its_sweep_runs(tmp_path, capsys):
     assert drive_in_process(sweeps_main, ["--config-dir", str(tmp_path / "conf"), "adv", "--dir", str(tmp_path / "d"),
                                           "--", "logger=none", "train.steps=4", "train.warmup_steps=1"]) == 0
     assert len(list((tmp_path / "d").glob("adv/*/summary.json"))) == 2
+    shown = (tmp_path / "d" / "report.md").read_text().split("| arm | predicted step |")   # each run's own
+    assert len(shown) == 2 and all(f"| {role} (" in shown[1] for role in ("baseline", "treatment"))
