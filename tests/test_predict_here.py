@@ -118,6 +118,28 @@ def test_a_sweeps_arms_are_predicted_before_they_run_and_reported_beside_their_s
     assert predicted.of_run(gpu) == 0.5   # a GPU run's own prediction comes first
 
 
+def test_a_prediction_timed_on_a_busy_host_is_said_beside_what_it_expects():
+    """A run's own prediction whose free steps shared the host with other work (its `host_load.busy`): the arm's
+    row of the predicted table and a check that expects the predictions say so (on stand-in runs, ~0 s)."""
+    from types import SimpleNamespace
+
+    from ablate.report import predicted
+    from ablate.report.conditions import predicted_busy_note
+
+    def run(name: str, busy: bool):
+        own = {"step_time_s": 0.1, "host_load": {"busy": busy, "other_cpu_frac": 0.6 if busy else 0.01}}
+        return SimpleNamespace(path=Path(name), summary={"predicted": own},
+                               metric=lambda key: 0.12 if key == "step_time_s" else None)
+    runs = [run("001_a", True), run("002_b", False)]
+    arms = {"baseline": SimpleNamespace(value="a", runs=runs[:1]), "treatment": SimpleNamespace(value="b",
+                                                                                                runs=runs[1:])}
+    table = "\n".join(predicted.section(SimpleNamespace(arms=arms)))
+    assert "(1 predicted on a busy host)" in table and table.count("busy host") == 1
+    note = predicted_busy_note({"metric": "tokens_per_s", "expected": "modeled"}, runs)
+    assert note.startswith("1/2 runs' predictions timed on a busy host") and "001_a (60%)" in note
+    assert predicted_busy_note({"metric": "tokens_per_s"}, runs) == ""
+
+
 def test_a_run_predicts_its_own_step_before_its_first(tmp_path, monkeypatch):
     """The default run, in process (~4 s): summary.json's `predicted` is the step it timed with free collectives
     before its first step, with an MFU against its calibrated peak; its `modeled` tokens/s (a check's expected here)
@@ -128,6 +150,7 @@ def test_a_run_predicts_its_own_step_before_its_first(tmp_path, monkeypatch):
     p = s["predicted"]
     assert p["step_time_s"] > 0 and 0 < p["mfu"] < 1 and p["compute_s_by_rank"] == [p["compute_s"]]
     assert s["modeled"]["tokens_per_s"] == p["tokens_per_s"] and "predicted" not in s["notes"]
+    assert 0 <= p["host_load"]["other_cpu_frac"] <= 1 and isinstance(p["host_load"]["busy"], bool)
 
 
 @pytest.mark.serial

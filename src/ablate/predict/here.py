@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 import statistics
 import tempfile
 import time
@@ -35,6 +36,8 @@ import torch.multiprocessing as mp
 
 from ablate import parallel, usable_cores
 from ablate.dataloader import DeviceFeeder, build_loader
+from ablate.metrics.host import HostLoad
+from ablate.metrics.host import summarize as host_summary
 from ablate.model import build as build_model
 from ablate.model.contract import vocab_size_of
 from ablate.model.facts import declared_vocab
@@ -76,9 +79,10 @@ def threads_per_rank(ranks_here: int) -> int:
     return max(1, usable_cores() // max(1, ranks_here))
 
 
-def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, List[Call]]:
+def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, List[Call], Dict[str, object]]:
     """Rank `rank`'s optimizer step of the run `cfg` (an AblateConfig) asks for, with a fake process group: its
-    median time (TIMED_STEPS and TIMED_S, after WARM_STEPS), and the collectives one step makes. `together`: the
+    median time (TIMED_STEPS and TIMED_S, after WARM_STEPS), the collectives one step makes, and the host's CPU
+    over the timed steps (metrics/host.py: other processes' share says a busy host). `together`: the
     FileStore where the ranks' free steps meet (together.py), for more than one rank."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
@@ -111,11 +115,13 @@ def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, L
             meet.arrive()
         for _ in range(WARM_STEPS):
             step()
-        times = []
+        times, load = [], HostLoad()
+        load.start()
         while len(times) < MAX_STEPS and (len(times) < TIMED_STEPS or sum(times) < TIMED_S):
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
+        on_host = {**load.rank_figures(), "host": socket.gethostname()}
         if meet:   # the cores as busy as the run's ranks keep them, until the slowest rank is timed
             done = meet.timed()
             while meet.waiting(done):
@@ -126,7 +132,7 @@ def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, L
         sizes, at = layout.record(), [started] + [entry[3] for entry in strategy.comm.log]
         calls = [Call(kind_of(called), nbytes, sizes.get(dim, layout.world), dim, after_s=at[i + 1] - at[i])
                  for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
-        return statistics.median(times), calls
+        return statistics.median(times), calls, on_host
     finally:
         if meet:
             meet.leave()
@@ -145,7 +151,7 @@ def _rank(rank: int, cfg, together: Path, out) -> None:
     out.put((rank, *free_step(cfg, rank, together)))
 
 
-def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call]]]:
+def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call], Dict[str, object]]]:
     """Every rank's free step, all at once in processes of their own (spawned: a clean torch in each)."""
     if ranks == 1:
         return [(0, *free_step(cfg, 0))]
@@ -172,9 +178,10 @@ def groups_of(calls: List[Call]) -> List[int]:
     return sorted({c.group for c in calls if c.group > 1})
 
 
-def combine(cfg, seconds_by_rank: List[float], calls: List[Call], table) -> Dict[str, object]:
+def combine(cfg, seconds_by_rank: List[float], calls: List[Call], table, hosts: List[Dict]) -> Dict[str, object]:
     """The prediction from the ranks' free steps and rank 0's collectives, each costed by the probe's `table`
-    after the compute before it (a fake collective takes no time)."""
+    after the compute before it (a fake collective takes no time); `hosts`: each rank's reading of the host's CPU
+    over its timed steps (a prediction timed on a busy host is marked so, as a run is)."""
     ranks = len(seconds_by_rank)
     compute = max(seconds_by_rank)
     comm: Dict[str, float] = {}
@@ -188,6 +195,8 @@ def combine(cfg, seconds_by_rank: List[float], calls: List[Call], table) -> Dict
             "compute_s_by_rank": list(seconds_by_rank), "bubble_s": 0.0, "comm_s": comm,
             "exposed_comm_s": comm, "calls": calls_by_dim,
             "probes": {str(g): f"{e['how']}; measured {e['measured_at']}" for g, e in sorted(table.items())},
+            "host_load": {k: v for k, v in host_summary(None, hosts, hosts[0]["host"]).items()
+                          if k in ("other_cpu_frac", "busy", "reason")},
             "rate_source": f"here: each rank's step timed with free collectives ({ranks} at once, "
                            f"{threads_per_rank(ranks)} thread(s) each) + the lockstep probe of gloo's collectives"}
 
@@ -201,8 +210,8 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
     ranks = cfg.launcher.nproc_per_node
     steps = free_steps(cfg, ranks)
     calls = steps[0][2]
-    return combine(cfg, [seconds for _, seconds, _ in steps], calls,
-                   collectives.table(ranks, groups_of(calls), cache))
+    return combine(cfg, [step[1] for step in steps], calls, collectives.table(ranks, groups_of(calls), cache),
+                   [step[3] for step in steps])
 
 
 # In a run (metrics.predict): each rank's free step before it joins the run's group (all ranks at once, as they
@@ -211,7 +220,7 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
 OFF = "not predicted: metrics.predict=false (`python -m ablate.plan --hardware here` with the run's overrides)"
 
 
-def before_joining(cfg, rank: int, together: Optional[Path]) -> Tuple[Optional[Tuple[float, List[Call]]],
+def before_joining(cfg, rank: int, together: Optional[Path]) -> Tuple[Optional[Tuple[float, List[Call], Dict]],
                                                                       Optional[str]]:
     """This rank's free step, or None and why not (metrics.predict off; a run this model cannot predict; a model
     whose step fails on a fake group: a prediction never stops a run that can train)."""
@@ -232,9 +241,10 @@ def after_joining(cfg, rank: int, free, why: Optional[str], all_gather) -> Optio
     calls where the run predicts: the config alone decides it), or why there is none; the other ranks' None."""
     if not cfg.metrics.predict or refusal(cfg):
         return {"step_time_s": None, "why": why}
-    gathered = all_gather((free[0], why) if free else (None, why))
-    failed = [w for seconds, w in gathered if seconds is None]
+    gathered = all_gather((free[0], free[2], why) if free else (None, None, why))
+    failed = [w for seconds, _, w in gathered if seconds is None]
     if failed:
         return {"step_time_s": None, "why": failed[0]} if rank == 0 else None
     table = collectives.table_in_run(len(gathered), groups_of(free[1]), rank)
-    return combine(cfg, [seconds for seconds, _ in gathered], free[1], table) if rank == 0 else None
+    return combine(cfg, [seconds for seconds, _, _ in gathered], free[1], table, [h for _, h, _ in gathered]) \
+        if rank == 0 else None

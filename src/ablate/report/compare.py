@@ -17,7 +17,7 @@ from ablate.report import arithmetic, noise, outliers, plan, sequential, stats, 
 from ablate.report import runs as R
 from ablate.report.adhoc import group_adhoc
 from ablate.report.analyses import ANALYSES
-from ablate.report.conditions import busy_note, machine_note
+from ablate.report.conditions import busy_note, machine_note, predicted_busy_note
 
 CSV_FIELDS = ("claim", "sweep", "metric", "what", "effect_kind", "claimed", "expected_here", "tolerance",
               "better", "measured", "ci_low", "ci_high", "n", "exact", "verdict", "reason", "baseline",
@@ -183,7 +183,8 @@ def check(group: R.Group, spec: Dict, mixed_ok: bool = False, flagged: Dict[str,
         reason = "; ".join(p for p in (_reason(spec, est, verdict, claimed, expected),
                                        _unclaimed_expectation(est, expected, tolerance, better, metric),
                                        _expected_note(spec, base, treat), busy_note(spec, base + treat),
-                                       machine_note(spec, base + treat)) if p)
+                                       machine_note(spec, base + treat), predicted_busy_note(spec, base + treat))
+                                   if p)
     every = base + treat
     return Check(sweep.get("claim", "—"), group.name, metric, spec.get("what", ""), kind, claimed, expected,
                  tolerance, better, est.median if est else None, est.ci_low if est else None,

@@ -22,6 +22,20 @@ def busy_note(spec: Dict, runs: List[R.Run]) -> str:
             "timings there are noise as much as effect")
 
 
+def predicted_busy_note(spec: Dict, runs: List[R.Run]) -> str:
+    """A value expected from the runs' own predictions (`expected: modeled` on a timing), some of them timed while
+    other processes used the host's CPU: that expectation measured the other work as much as the arms."""
+    if spec.get("exact") or spec.get("expected") != "modeled":
+        return ""
+    busy = [(r.path.name, r.summary["predicted"]["host_load"]["other_cpu_frac"]) for r in runs
+            if ((r.summary.get("predicted") or {}).get("host_load") or {}).get("busy")]
+    if not busy:
+        return ""
+    shown = first_three(f"{name} ({frac:.0%})" for name, frac in busy)
+    return (f"{len(busy)}/{len(runs)} runs' predictions timed on a busy host (other processes' share of the CPU: "
+            f"{shown}): the value expected here is noise as much as model")
+
+
 def first_three(names) -> str:
     """'a, b, c ...': the first three runs a note names."""
     names = list(names)

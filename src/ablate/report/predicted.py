@@ -42,6 +42,11 @@ def of_run(run) -> Optional[float]:
     return (call[1].get(key_of(call[0][int(index[1]) - 1].get("overrides") or [])) or {}).get("step_time_s")
 
 
+def timed_busy(run) -> bool:
+    """The run's own prediction was timed while other processes used the host's CPU (its `host_load`)."""
+    return bool(((run.summary.get("predicted") or {}).get("host_load") or {}).get("busy"))
+
+
 def rows(group) -> Dict[str, Dict[str, object]]:
     out = {}
     for role, arm in group.arms.items():
@@ -49,7 +54,7 @@ def rows(group) -> Dict[str, Dict[str, object]]:
         measured = [m for m in (r.metric("step_time_s") for r in arm.runs) if m]
         if predicted and measured:
             out[role] = {"value": arm.value, "predicted": stats.central(predicted), "measured": measured,
-                         "median": stats.central(measured)}
+                         "median": stats.central(measured), "busy": sum(map(timed_busy, arm.runs))}
     return out
 
 
@@ -77,5 +82,6 @@ def section(group) -> List[str]:
         m = r["measured"]
         lines.append(f"| {role} (`{r['value']}`) | {units.fmt('step_time_s', r['predicted'])} | "
                      f"{units.fmt('step_time_s', r['median'])} [{units.fmt('step_time_s', min(m))}, "
-                     f"{units.fmt('step_time_s', max(m))}] ({len(m)}) | x{r['median'] / r['predicted']:.3g} |")
+                     f"{units.fmt('step_time_s', max(m))}] ({len(m)}) | x{r['median'] / r['predicted']:.3g}"
+                     + (f" ({r['busy']} predicted on a busy host)" if r["busy"] else "") + " |")
     return lines + ["", agreement(found)]
