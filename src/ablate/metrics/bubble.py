@@ -95,3 +95,9 @@ class Bubble(BuiltIn):
         return {"pp_bubble": 1 - t["pp_busy_s"] / t["pp_wall_s"] if t["pp_wall_s"] else None,
                 "pp_bubble_expected": self.expected,
                 "pipeline": {"schedule": self.schedule, **self.shape, "expected_source": SOURCES[self.schedule]}}
+
+
+def pipeline_figures(per_rank) -> Dict[str, object]:
+    """A pipeline's bubble: the mean of its ranks' (each rank's in per_rank)."""
+    bubbles = [r["pp_bubble"] for r in per_rank if r.get("pp_bubble") is not None]
+    return {"pp_bubble": sum(bubbles) / len(bubbles)} if bubbles else {}

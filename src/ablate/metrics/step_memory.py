@@ -122,3 +122,10 @@ class StepMemory:
     def record(self) -> Dict[str, object]:
         return {"peak_bytes_measured": self.peak, "peak_reserved_bytes_measured": self.reserved,
                 "peak_parts_measured": self.parts or None}
+
+
+def peak_figures(per_rank, planned: Optional[float]) -> Dict[str, object]:
+    """summary.json's peak: the most loaded rank's measured (metrics/step_memory.py), the plan's, their ratio."""
+    measured = max((r["peak_bytes_measured"] for r in per_rank if r.get("peak_bytes_measured")), default=None)
+    return {"peak_bytes_measured": measured, "peak_bytes_planned": planned,
+            "peak_ratio": measured / planned if measured and planned else None}

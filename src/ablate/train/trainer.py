@@ -18,7 +18,7 @@ from ablate.config.schedules import expected_of
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
-from ablate.metrics import comm, host, steady
+from ablate.metrics import bubble, comm, host, steady, step_memory
 from ablate.metrics.collectors import CollectorFailed
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED
@@ -92,19 +92,6 @@ def planned_peak(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     except (RuntimeError, NotImplementedError, TypeError, ValueError):   # a probe never stops a run that can train
         return None
     return plan.tensors if plan else None
-
-
-def peak_figures(per_rank, planned: Optional[float]) -> Dict[str, object]:
-    """summary.json's peak: the most loaded rank's measured (metrics/step_memory.py), the plan's, their ratio."""
-    measured = max((r["peak_bytes_measured"] for r in per_rank if r.get("peak_bytes_measured")), default=None)
-    return {"peak_bytes_measured": measured, "peak_bytes_planned": planned,
-            "peak_ratio": measured / planned if measured and planned else None}
-
-
-def pipeline_figures(per_rank) -> Dict[str, object]:
-    """A pipeline's bubble: the mean of its ranks' (each rank's in per_rank)."""
-    bubbles = [r["pp_bubble"] for r in per_rank if r.get("pp_bubble") is not None]
-    return {"pp_bubble": sum(bubbles) / len(bubbles)} if bubbles else {}
 
 
 def note_failure(run_dir: Path, rank: int, e: Exception) -> None:
@@ -237,10 +224,10 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
         **facts, "numerics": strategy.numerics, "mesh": layout.record(), "optimizer": strategy.optimizer_record,
         "state_bytes": strategy.measured_state, "per_rank": per_rank, **distributed.layout(per_rank),
         "slurm": ranks.slurm_job(),
-        **peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
+        **step_memory.peak_figures(per_rank, facts["modeled"].get("peak_bytes_measured")),
         "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor,
                                       layout.pp_rank if layout.pp > 1 else None),
-        **pipeline_figures(per_rank),
+        **bubble.pipeline_figures(per_rank),
         "predicted": predicted,
         # (drops the ranks' long_steps and long_gaps)
         "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
