@@ -80,7 +80,8 @@ def test_a_ranks_free_step_makes_the_collectives_the_comm_model_counts(overrides
     layout's dim and move the comm model's bytes (plus the gradient norm's few bytes under FSDP2)."""
     cfg = validate(compose_cfg(["train.batch_size=2", "train.seq_len=16", *overrides]))
     steps = here.free_steps(cfg, 2)
-    assert [rank for rank, _, _ in steps] == [0, 1] and all(seconds > 0 for _, seconds, _ in steps)
+    assert [step[0] for step in steps] == [0, 1] and all(step[1] > 0 for step in steps)
+    assert all(0 <= step[3]["own_cpu_s"] for step in steps)   # each rank's reading of the host over its steps
     calls = steps[0][2]
     assert {c.dim for c in calls} == {dim} and all(c.group == 2 for c in calls)
     n_params = sum(p.numel() for p in build(cfg.model, "meta").parameters())
