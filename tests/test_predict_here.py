@@ -154,6 +154,7 @@ def test_a_run_predicts_its_own_step_before_its_first(tmp_path, monkeypatch):
     assert 0 <= p["host_load"]["other_cpu_frac"] <= 1 and isinstance(p["host_load"]["busy"], bool)
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_two_ranks_probe_gloo_themselves_and_predict_the_collectives_they_then_make(tmp_path):
     """fsdp2 on 2 real ranks with no probe of 2 processes in this host's cache (~20 s: the probe ~10 s; serial, as
