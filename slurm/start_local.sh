@@ -51,7 +51,22 @@ log() { echo "[ablate slurm] $*"; }
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }   # alive PIDFILE
 node_addr() { if [ "$NODE_COUNT" = 1 ]; then echo 127.0.0.1; else echo "$NET.$((10 + $1))"; fi; }   # node_addr INDEX
 
-# ---------------------------------------------------------------- 0. one cluster at a time
+# ---------------------------------------------------------------- 0. never a cluster this script did not start
+# Another Slurm on this host (its own slurm.conf, or daemons this script did not start) is left alone: starting
+# ours would rewrite its config and take its ports. Exit 3 says so in one line (the tests then skip theirs).
+MARK="# written by ablate's slurm/start_local.sh"
+ours_pid() { local p; for p in "$BASE"/run/*.pid "$BASE-2nodes"/run/*.pid; do [ -s "$p" ] && [ "$(cat "$p")" = "$1" ] && return 0; done; return 1; }
+if [ -s "$CONF_DIR/slurm.conf" ] && ! head -1 "$CONF_DIR/slurm.conf" | grep -qF "$MARK"; then
+  echo "start_local.sh: $CONF_DIR/slurm.conf was not written by this script: another Slurm is set up on this host; leaving it alone" >&2
+  exit 3
+fi
+for d in slurmctld slurmd slurmdbd; do
+  for p in $(pgrep -x "$d" 2>/dev/null); do
+    ours_pid "$p" || { echo "start_local.sh: a $d (pid $p) this script did not start runs on this host: another Slurm; leaving it alone" >&2; exit 3; }
+  done
+done
+
+# ---------------------------------------------------------------- 0b. one cluster of ours at a time
 if alive "$OTHER/run/slurmctld.pid"; then
   log "the other local cluster ($OTHER) is running: stopping it first"
   bash "$(dirname "$0")/stop_local.sh"
@@ -123,6 +138,7 @@ install -d -o munge -g munge -m 0755 /run/munge
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   log "starting munged"
   runuser -u munge -- /usr/sbin/munged --force </dev/null >>"$ROOT/log/munged.out" 2>&1
+  mkdir -p "$BASE"; touch "$BASE/munged.ours"   # stop_local.sh stops a munged only if this script started it
   for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 munge -n | unmunge >/dev/null
@@ -141,7 +157,7 @@ for i in $(seq "$NODE_COUNT"); do
   NODE_LINES+="NodeName=$n NodeAddr=$(node_addr "$i") NodeHostname=$n CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"$'\n'
 done
 cat > "$CONF_DIR/slurm.conf.new" <<EOF
-# written by ablate's slurm/start_local.sh --nodes $NODE_COUNT
+$MARK --nodes $NODE_COUNT
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST($CTLD_ADDR)
 SlurmUser=root

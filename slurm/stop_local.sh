@@ -40,7 +40,9 @@ for ROOT in "$BASE" "$BASE-2nodes"; do
     rm -rf "$ROOT/state" "$ROOT/mysql" "$ROOT/log" "$ROOT/run"
   fi
 done
-stop_pidfile munged /run/munge/munged.pid
+if [ -f "$BASE/munged.ours" ]; then   # (a munged this script did not start serves another Slurm: left alone)
+  stop_pidfile munged /run/munge/munged.pid; rm -f "$BASE/munged.ours"
+fi
 
 # 3. the two-node network: what is left inside the namespaces (only what our slurmds started), then them
 for ns in ablate-node1 ablate-node2; do

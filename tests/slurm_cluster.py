@@ -1,6 +1,7 @@
 """The real local Slurm clusters the Slurm tests submit to (slurm/start_local.sh, one node or two), and
 what those tests share: submitting a slow job, finding its id, waiting for it while releasing requeue holds."""
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -12,6 +13,35 @@ import submitit
 from conftest import REPO, read_jsonl, run_cli
 
 SYSTEM_PATH = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+MARK = "# written by ablate's slurm/start_local.sh"   # slurm/start_local.sh's first line of the slurm.conf it writes
+
+
+def foreign() -> str:
+    """Why the Slurm on this host is not the suite's own ("" when it is ours, or none runs): a slurm.conf that
+    slurm/start_local.sh did not write, or its daemons running without our pid files. The suite never submits to,
+    restarts or stops such a cluster: its Slurm tests skip (one line)."""
+    conf = Path("/etc/slurm/slurm.conf")
+    if conf.is_file() and conf.stat().st_size and not conf.read_text(errors="replace").startswith(MARK):
+        return f"another Slurm is set up on this host ({conf} was not written by slurm/start_local.sh)"
+    base = os.environ.get("SLURM_CI_ROOT", "/tmp/slurm-ci")   # (start_local.sh's default)
+    ours = {p.read_text().strip() for root in (base, f"{base}-2nodes") for p in Path(root).glob("run/*.pid")}
+    for daemon in ("slurmctld", "slurmd"):
+        pids = subprocess.run(["pgrep", "-x", daemon], capture_output=True, text=True).stdout.split()
+        stranger = [p for p in pids if p not in ours]
+        if stranger:
+            return f"another Slurm runs on this host ({daemon} pid {stranger[0]}, not started by slurm/start_local.sh)"
+    return ""
+
+
+def leave_a_foreign_cluster_alone() -> None:
+    """Skip the module's tests, in one line, when the Slurm on this host is not the suite's own."""
+    import pytest
+
+    why = foreign()
+    if why:
+        pytest.skip(f"Slurm tests skipped: {why}; the suite leaves it alone")
 
 
 def nodes_up() -> int:
@@ -32,8 +62,6 @@ def start(nodes: int):
 
 def unavailable(why: str):
     """No cluster: skipped on a developer's machine, a failure in CI (CI must run the Slurm tests)."""
-    import os
-
     import pytest
 
     (pytest.fail if os.environ.get("CI") else pytest.skip)(why)

@@ -1,8 +1,9 @@
 """launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing (each command's
 main() in process, ~1 s: a dry run trains nothing; the README types one as a process)."""
+import shutil
 import sys
 
-from conftest import main_in_process
+from conftest import USER_DIR, main_in_process
 
 
 def test_dry_run_writes_the_8_by_8_by_8_script(tmp_path, monkeypatch, capsys):
@@ -277,3 +278,83 @@ def test_a_slurm_jobs_rendezvous_port_is_one_the_kernel_never_hands_out(monkeypa
     monkeypatch.setenv("MASTER_PORT", "29512")
     ranks.export_slurm_env()
     assert os.environ["MASTER_PORT"] == "29512" and os.environ["WORLD_SIZE"] == "2"
+
+
+# ------------------------------------------------------------------ the job checked before it queues (dry runs)
+ONE_GPU_JOB = ["launcher=slurm", "launcher.dry_run=true", "launcher.nodes=1", "launcher.nproc_per_node=1",
+               "launcher.gpus_per_node=1", "parallel=none", "logger=none"]
+
+
+def test_a_job_whose_peak_does_not_fit_its_gpu_is_refused_with_what_would(tmp_path, monkeypatch, capsys):
+    """In process, model=small on a GPU file of 10 GiB (its planned peak 13 GB, 8.6 GB with selective
+    checkpointing): one line with the overshoot and the best single change that fits, no run dir (~5 s); with
+    launcher.allow_unfit=true the script is written."""
+    gpu = tmp_path / "gpu10.yaml"
+    gpu.write_text("name: gpu10\ndevice_names: [GPU10]\nmemory_gib: 10\npeak_tflops: {bf16: 100, fp32: 10}\n")
+    small = ["model=small", "train.batch_size=8", "train.seq_len=1024", "model.max_seq_len=1024",
+             f"launcher.hardware={gpu}"]
+    capsys.readouterr()
+    assert main_in_process(monkeypatch, [*ONE_GPU_JOB, *small, f"hydra.run.dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and not (tmp_path / "run").exists()
+    assert "launcher.hardware=gpu10: the planned peak per GPU is" in err and "GB over its 10.7 GB" in err
+    assert "what would fit: model.activation_checkpointing=selective" in err and "launcher.allow_unfit=true" in err
+    assert main_in_process(monkeypatch, [*ONE_GPU_JOB, *small, "launcher.allow_unfit=true",
+                                         f"hydra.run.dir={tmp_path}/run"]) == 0
+    assert (tmp_path / "run" / "sbatch.sh").exists()
+
+
+def test_a_dry_run_says_what_the_jobs_python_lacks_and_what_it_left_unchecked(tmp_path, monkeypatch, capsys):
+    """In process (~1 s): this CPU-only torch asked for a GPU, and no launcher.hardware: two notes beside the path."""
+    capsys.readouterr()
+    assert main_in_process(monkeypatch, [*ONE_GPU_JOB, f"hydra.run.dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    notes = [ln for ln in out.splitlines() if ln.startswith("  note: ")]
+    assert len(notes) == 2 and "sbatch.sh" in out
+    assert f"the job's Python ({sys.executable}) has torch" in notes[0] and "built without CUDA" in notes[0]
+    assert "launcher.python=PATH" in notes[0] and "launcher.hardware=NAME" in notes[1]
+
+
+def test_a_job_whose_model_cannot_be_imported_is_refused_before_its_script_is_written(tmp_path, monkeypatch, capsys):
+    capsys.readouterr()
+    assert main_in_process(monkeypatch, ["--config-dir", str(USER_DIR / "conf"), "model=mine",
+                                         "model._target_=nosuchmod.GPT", *ONE_GPU_JOB,
+                                         f"hydra.run.dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "model._target_=nosuchmod.GPT: cannot import it" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_scripts_pythonpath_is_where_the_module_came_from_whichever_dir_writes_it(tmp_path, monkeypatch):
+    """Written from two directories, the module importable through PYTHONPATH alone (in process, ~2 s): both scripts
+    put the module's directory on PYTHONPATH, and neither the directory it was written from."""
+    monkeypatch.setenv("PYTHONPATH", str(USER_DIR))
+    monkeypatch.syspath_prepend(str(USER_DIR))
+    lines = []
+    for here in ("a", "b"):
+        (tmp_path / here).mkdir()
+        monkeypatch.chdir(tmp_path / here)
+        assert main_in_process(monkeypatch, ["--config-dir", str(USER_DIR / "conf"), "model=mine", *ONE_GPU_JOB,
+                                             f"hydra.run.dir={tmp_path}/{here}/run"]) == 0
+        script = (tmp_path / here / "run" / "sbatch.sh").read_text()
+        lines.append(next(ln for ln in script.splitlines() if ln.startswith("export PYTHONPATH=")))
+    assert lines[0] == lines[1] == f"export PYTHONPATH={USER_DIR}" + "${PYTHONPATH:+:$PYTHONPATH}"
+
+
+def test_a_job_that_names_a_python_without_ablate_is_refused(tmp_path, monkeypatch, capsys):
+    """launcher.python: that interpreter asked in the script's own environment (a subprocess, ~1 s)."""
+    bare = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.base_prefix + "/bin/python3"
+    capsys.readouterr()
+    assert main_in_process(monkeypatch, [*ONE_GPU_JOB, f"launcher.python={bare}",
+                                         f"hydra.run.dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and f"the job's Python ({bare}) cannot run ablate" in err
+    assert "No module named 'ablate'" in err and not (tmp_path / "run").exists()
+
+
+def test_several_nodes_with_the_local_launcher_are_refused_before_any_rank(tmp_path, monkeypatch, capsys):
+    capsys.readouterr()
+    assert main_in_process(monkeypatch, ["launcher.nodes=2", "parallel=ddp", f"hydra.run.dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "launcher.nodes=2 with launcher=local: this launcher runs one node" in err
+    assert "use launcher=slurm" in err and not (tmp_path / "run").exists()

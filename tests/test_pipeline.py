@@ -145,6 +145,18 @@ def test_the_readmes_model_is_refused_for_its_residual_outside_the_blocks(monkey
     assert not (tmp_path / "run").exists()
 
 
+def test_your_models_blocks_not_dividing_into_the_stages_is_refused_before_any_rank(monkeypatch, capsys, tmp_path,
+                                                                                      user_files):
+    """A 4-block nanoGPT-style model at pp 3: the pipeline's own rule, counted on the meta device (in process)."""
+    monkeypatch.syspath_prepend(str(user_files.module_dir))
+    code = main_in_process(monkeypatch, ["--config-dir", str(user_files.config_dir), "model=gpt_tp",
+                                         "model.n_layer=4", "parallel.pp=3", "launcher.nproc_per_node=3",
+                                         "train.batch_size=6", f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "model=gpt_tp's 4 blocks do not divide into them" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_your_models_are_cut_by_their_blocks(tmp_path, user_files, monkeypatch):
     """A nanoGPT-style model (blocks named `h`, learned positions read as a weight) and a transformers Llama: pp2

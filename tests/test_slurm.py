@@ -22,7 +22,9 @@ LOCAL_JOB = ["launcher=slurm", "launcher.nodes=1", "launcher.nproc_per_node=2", 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_slurm():
-    """Use the one-node cluster if it is up (CI starts one); else start one here and stop it afterwards."""
+    """Use the one-node cluster if it is up (CI starts one); else start one here and stop it afterwards. Another
+    Slurm on this host (not started by slurm/start_local.sh) is left alone: these tests skip."""
+    slurm_cluster.leave_a_foreign_cluster_alone()
     started_here = False
     if slurm_cluster.nodes_up() != 1:
         failed = slurm_cluster.start(nodes=1)
@@ -219,9 +221,10 @@ def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path, capsys, user_fil
     monkeypatch.syspath_prepend(str(user_files.module_dir))
     run_dir = tmp_path / "run"
     result = cli_in_process(capsys, ["--config-dir", "conf", "model=mine", "data=tokens", "data.path=train.bin",
-                                     *LOCAL_JOB, "launcher.dry_run=true", "train.steps=6", f"hydra.run.dir={run_dir}"],
-                            env=user_files.env)
+                                     *LOCAL_JOB, "launcher.hardware=h100_sxm", "launcher.dry_run=true", "train.steps=6",
+                                     f"hydra.run.dir={run_dir}"], env=user_files.env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"export PYTHONPATH={user_files.module_dir}" in (run_dir / "sbatch.sh").read_text()   # where it came from
     submitted = subprocess.run(["sbatch", "--parsable", str(run_dir / "sbatch.sh")], capture_output=True, text=True,
                                cwd=elsewhere, env={"PATH": "/usr/bin:/bin"})
     assert submitted.returncode == 0, submitted.stderr
@@ -234,3 +237,15 @@ def test_the_dry_runs_script_submitted_by_hand_trains(tmp_path, capsys, user_fil
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6, log[-2000:]
     assert summary["choices"]["model"] == "mine" and summary["choices"]["data"] == "tokens"
+
+
+def test_a_job_whose_python_has_no_cuda_is_refused_before_it_queues(tmp_path, capsys):
+    """A submission (not a dry run) asking for a GPU from this CPU-only torch: one line naming the interpreter and
+    launcher.python, nothing queued, no run dir (in process, ~1 s; the partition's own check left out: it has no
+    GPU to offer)."""
+    result = cli_in_process(capsys, [*LOCAL_JOB, "launcher.gpus_per_node=1", "launcher.check_cluster=false",
+                                     f"hydra.run.dir={tmp_path}/run"])
+    err = result.stderr.strip()
+    assert result.returncode == 2 and err.splitlines() == [err], err
+    assert f"({sys.executable}) has torch" in err and "launcher.python=PATH" in err
+    assert not (tmp_path / "run").exists()

@@ -24,6 +24,7 @@ SHORT = ["train.steps=6", "train.warmup_steps=2", "train.log_every=2"]
 
 @pytest.fixture(scope="module", autouse=True)
 def two_node_slurm():
+    slurm_cluster.leave_a_foreign_cluster_alone()   # another Slurm on this host: never switched, these tests skip
     before = slurm_cluster.nodes_up()
     if before != 2:
         failed = slurm_cluster.start(nodes=2)

@@ -24,15 +24,11 @@ from ablate.config import ConfigError
 from ablate.model.facts import measure
 from ablate.model.peak import plan_peak
 from ablate.predict import for_plan
+from ablate.predict.fitting import LAYOUT_KNOBS
 
-# the knobs the advisor varies, and the values it tries (the rest stay as the user gave them)
-GRID: Dict[str, Tuple[str, ...]] = {
-    "parallel": ("fsdp2", "hsdp"),
-    "parallel.tp": ("1", "2", "4", "8"),
-    "parallel.pp": ("1", "2", "4"),
-    "model.activation_checkpointing": ("false", "selective", "true"),
-    "parallel.param_dtype": ("null", "bf16"),
-}
+# the knobs the advisor varies, and the values it tries (the rest stay as the user gave them): the strategy, and
+# the layout's knobs (declared in predict/fitting.py, which a job's check reads too)
+GRID: Dict[str, Tuple[str, ...]] = {"parallel": ("fsdp2", "hsdp"), **LAYOUT_KNOBS}
 ARM_KEYS = {"parallel": "name", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.param_dtype": "param_dtype",
             "model.activation_checkpointing": "activation_checkpointing"}
 

@@ -2,9 +2,12 @@
 group's `__post_init__`) and one-of-these choices (`choice`)."""
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Optional, get_args, get_type_hints
 
 from ablate.config.errors import ConfigError
@@ -95,3 +98,23 @@ def user_object(key: str, dotted: str):
         raise ConfigError(f"{key}={dotted}: cannot import it ({why}); is its module on PYTHONPATH?") from None
     finally:
         said.disabled = was
+
+
+def import_root(dotted: str) -> Optional[Path]:
+    """The directory on the import path that a `_target_`'s top-level module was imported from (importing it), so
+    that another process can import it the same way; None for an installed one (site-packages, the standard
+    library) or one without a file."""
+    top = dotted.split(".")[0]
+    try:
+        module = sys.modules.get(top) or importlib.import_module(top)
+    except ImportError:
+        return None
+    where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), None)
+    if not where:
+        return None
+    path = Path(where).resolve()
+    root = path.parent.parent if path.name == "__init__.py" else path.parent   # (a package's dir, or a module's)
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if "site-packages" in path.parts or "dist-packages" in path.parts or any(p in path.parents for p in installed):
+        return None
+    return root

@@ -176,6 +176,9 @@ class LauncherConfig:
     check_cluster: bool = True           # refuse what the partition can never run before submitting (cluster.py)
     cancel_unrunnable: bool = True       # wait: cancel a job whose pending reason cannot clear by itself
     array_parallelism: Optional[int] = num(None, 1, null="no limit")   # -m sweeps: tasks of its array at once
+    hardware: Optional[str] = None   # the GPU the job gets (conf/hardware name or a file): its planned peak must fit
+    allow_unfit: bool = False        # submit a job whose planned peak exceeds launcher.hardware's memory
+    python: Optional[str] = None     # the job's interpreter (a path); null: launcher.setup's, else the writer's
 
     def __post_init__(self):
         check_ranges(self, "launcher")

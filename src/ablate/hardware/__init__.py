@@ -40,16 +40,24 @@ class Hardware:
                 "source": self.source}
 
 
-def load(path: Path) -> Hardware:
-    """One file; a key missing or unknown is one line naming the file and the keys."""
+def given(key: str, value) -> str:
+    """How the user gave the file: `--hardware FILE`, or `launcher.hardware=FILE`."""
+    return f"{key}{value}" if key.endswith("=") else f"{key} {value}"
+
+
+def load(path: Path, key: str = "--hardware") -> Hardware:
+    """One file; a key missing or unknown is one line naming the file (as `key` gave it) and the keys."""
     try:
         node = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"--hardware {path}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0]})") \
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{given(key, path)}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0]})") \
             from None
+    if not isinstance(node, dict):
+        raise ConfigError(f"{given(key, path)}: not a hardware file (a YAML mapping of {', '.join(KEYS)}); valid: "
+                          f"{', '.join(choices())}, or such a file of your own")
     unknown, missing = set(node) - set(KEYS), [k for k in KEYS[:4] if k not in node]
     if unknown or missing or not isinstance(node.get("peak_tflops"), dict):
-        raise ConfigError(f"--hardware {path}: {'unknown ' + ', '.join(sorted(unknown)) if unknown else ''}"
+        raise ConfigError(f"{given(key, path)}: {'unknown ' + ', '.join(sorted(unknown)) if unknown else ''}"
                           f"{'; ' if unknown and missing else ''}{'missing ' + ', '.join(missing) if missing else ''}"
                           f"{'peak_tflops must map dtypes to TFLOP/s' if not (unknown or missing) else ''}; "
                           f"a hardware file has {', '.join(KEYS)}")
@@ -66,13 +74,13 @@ def choices() -> Dict[str, Path]:
     return {p.stem: p for p in sorted(HARDWARE_DIR.glob("*.yaml"))}
 
 
-def named(name_or_path: str) -> Hardware:
-    """conf/hardware/NAME.yaml, or a file of the user's own."""
+def named(name_or_path: str, key: str = "--hardware") -> Hardware:
+    """conf/hardware/NAME.yaml, or a file of the user's own (`key`: how the user gave it, for the one line)."""
     if name_or_path in choices():
-        return load(choices()[name_or_path])
+        return load(choices()[name_or_path], key)
     if Path(name_or_path).is_file():
-        return load(Path(name_or_path))
-    raise ConfigError(f"--hardware {name_or_path}: no such hardware; valid: {', '.join(choices())}, or a YAML file "
+        return load(Path(name_or_path), key)
+    raise ConfigError(f"{given(key, name_or_path)}: no such hardware; valid: {', '.join(choices())}, or a YAML file "
                       "of your own with the same keys")
 
 

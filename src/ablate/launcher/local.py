@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ablate import data
-from ablate.config import AblateConfig, RunFailed, RunStopped
+from ablate.config import AblateConfig, ConfigError, RunFailed, RunStopped
 from ablate.launcher import failures
 from ablate.model import stages
 from ablate.model.facts import measure
@@ -37,6 +37,9 @@ from ablate.train.ranks import given_by_elastic_agent, rank_env
 
 def check(cfg: AblateConfig) -> None:
     """What this machine cannot run (precision, strategy, memory), said before any rank starts."""
+    if cfg.launcher.nodes > 1 and not rank_env().launched:   # (torchrun or srun typed by hand: its nodes are real)
+        raise ConfigError(f"launcher.nodes={cfg.launcher.nodes} with launcher=local: this launcher runs one node; "
+                          "use launcher=slurm (a job on several nodes), or set launcher.nodes=1")
     kind = device_type(cfg.train.device)
     if kind == "cuda":
         check_ranks_fit_gpus(cfg.launcher.nproc_per_node, torch.cuda.device_count())

@@ -9,9 +9,11 @@ launcher/slurm_launch.py). What it carries:
   dir's checkpoint (train.resume);
 - `launcher.setup` lines first (e.g. `source /path/.venv/bin/activate`), then the `python` they put on the
   PATH; without them, the environment the script was written from is put first on the PATH (its bin folder);
+- `launcher.python` (a path), when given, is the interpreter every task runs;
 - from any directory, by whoever submits it: `--chdir` is the directory it was written from, every path the
   command names is absolute (config dirs, data, resume: config/command_line.py absolute_paths), and
-  PYTHONPATH holds that directory and the writer's PYTHONPATH (a user's model module), each said in a comment;
+  PYTHONPATH holds the directories the user's modules (model, optimizer, collectors) were imported from, then
+  the writer's PYTHONPATH, each said in a comment (the same whichever directory it is written from);
 - the allocator/NCCL variables as `export` lines, as submitit's own script has them.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Dict, List
 
 from ablate.config import AblateConfig, LauncherConfig
 from ablate.config.command_line import absolute_paths
+from ablate.config.fields import import_root
 
 # keys of the submitting command that the script sets itself
 OWN_KEYS = ("launcher.dry_run", "launcher.wait", "hydra.run.dir", "train.resume")
@@ -49,10 +52,11 @@ def directives(cfg: AblateConfig, run_dir: Path, warn_batch_shell: bool = False)
     return [f"#SBATCH --{k}={v}" for k, v in out.items()] + ["#SBATCH --requeue"]
 
 
-def command(overrides: List[str], run_dir: Path) -> str:
+def command(overrides: List[str], run_dir: Path, python: str = "python") -> str:
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in OWN_KEYS]
     args = [*kept, "launcher.dry_run=false", "launcher.wait=false", f"hydra.run.dir={run_dir}"]
-    return "srun --unbuffered python -u -m ablate " + " ".join(shlex.quote(a) for a in args) + " $RESUME"
+    return f"srun --unbuffered {shlex.quote(python)} -u -m ablate " + " ".join(shlex.quote(a) for a in args) \
+        + " $RESUME"
 
 
 STEP_GRACE_S = 30   # a job step past its timeout: from SIGTERM (srun stops its tasks) to SIGKILL
@@ -88,20 +92,36 @@ def text(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrid
              *directives(cfg, run_dir), f"#SBATCH --chdir={here}", "set -e", *environment(cfg), *exports,
              "# a requeued attempt continues from this run's checkpoint",
              f'RESUME=""; [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && RESUME={shlex.quote(f"train.resume={run_dir}")}',
-             command(absolute_paths(overrides, here), run_dir)]
+             command(absolute_paths(overrides, here), run_dir, cfg.launcher.python or "python")]
     return "\n".join(lines) + "\n"
 
 
+def user_targets(cfg: AblateConfig) -> List[str]:
+    """The `_target_`s of the user's own code a run imports: its model, its optimizer, its collectors."""
+    model, optim = getattr(cfg.model, "target", None), getattr(cfg.optim, "target", None)
+    optim = optim or getattr(cfg.optim, "_target_", None)
+    collectors = [c.get("_target_") for c in cfg.metrics.collectors if isinstance(c, dict)]
+    return [t for t in (model, optim, *collectors) if t]
+
+
+def module_paths(cfg: AblateConfig) -> List[str]:
+    """The job's PYTHONPATH: where the user's modules were imported from here, then the writer's PYTHONPATH."""
+    roots = [str(root) for root in map(import_root, user_targets(cfg)) if root is not None]
+    given = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return list(dict.fromkeys([*roots, *given]))
+
+
 def environment(cfg: AblateConfig) -> List[str]:
-    """The Python the command runs with and where it finds a user's modules: launcher.setup's lines when given,
-    else the environment the script was written from; PYTHONPATH as the writer had it, plus its directory."""
-    python = ["# the Python environment this script was written from (launcher.setup lines replace it)",
-              f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\""]
-    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    modules = ["# a model, data or collector module of yours: the directory it was written in, and its PYTHONPATH",
-               f"export PYTHONPATH={shlex.quote(os.pathsep.join(dict.fromkeys([str(Path.cwd()), *paths])))}"
-               '${PYTHONPATH:+:$PYTHONPATH}']
-    return [*(list(cfg.launcher.setup) or python), *modules]
+    """The Python the command runs with and where it finds a user's modules: `launcher.python` when given (named in
+    the command), else launcher.setup's lines, else the environment the script was written from; PYTHONPATH."""
+    python = [] if cfg.launcher.python else \
+        ["# the Python environment this script was written from (launcher.setup lines replace it)",
+         f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\""]
+    paths = module_paths(cfg)
+    modules = ["# your model, optimizer or collector modules: the directories they were imported from, and the "
+               "writer's PYTHONPATH", f"export PYTHONPATH={shlex.quote(os.pathsep.join(paths))}"
+               '${PYTHONPATH:+:$PYTHONPATH}'] if paths else []
+    return [*cfg.launcher.setup, *(python if not cfg.launcher.setup else []), *modules]
 
 
 def write(cfg: AblateConfig, run_dir: Path, applied_env: Dict[str, Dict], overrides: List[str]) -> Path:

@@ -23,7 +23,7 @@ import submitit
 from submitit.helpers import Checkpointable
 
 from ablate.config import AblateConfig, ConfigError, LauncherConfig, RunFailed, RunStopped
-from ablate.launcher import cluster, environment, script
+from ablate.launcher import cluster, environment, job_check, script
 from ablate.launcher.failures import is_consequence
 from ablate.logger import uses_wandb
 from ablate.train import checkpoint, guards
@@ -132,6 +132,8 @@ def submit(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, 
     if cfg.launcher.dry_run:   # a script a user can submit as written (launcher/script.py)
         path = script.write(cfg, run_dir, applied, task_overrides())
         print(f"dry run: the sbatch script is {path} (nothing submitted; `sbatch {path}` runs it)")
+        for note in job_check.notes(cfg):
+            print(f"  note: {note}")
         return {"dry_run": str(path)}
     train, params = prepare(cfg, resolved, run_dir, choices, applied)
     folder = Path(cfg.launcher.folder or run_dir / "slurm").resolve()

@@ -8,14 +8,19 @@ from typing import Dict
 
 from ablate.config import AblateConfig
 from ablate.launcher import array as slurm_array
-from ablate.launcher import slurm
+from ablate.launcher import job_check, slurm
 from ablate.train import trainer as train
 from ablate.train.ranks import rank_env
 
 
 def check(cfg: AblateConfig) -> None:
-    """Slurm nodes check their own hardware; here only the request and the cluster."""
+    """The request and the cluster (slurm.py), then the job as a local run is checked, in the environment it will
+    have (job_check.py); a task of the job's step checks nothing more (its request passed before it queued)."""
+    here = rank_env()
+    if here.launched or here.slurm_step is not None:
+        return
     slurm.check(cfg.launcher)
+    job_check.check(cfg)
 
 
 def launch(cfg: AblateConfig, resolved: Dict, run_dir: Path, choices: Dict[str, str], applied: Dict):

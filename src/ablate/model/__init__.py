@@ -12,6 +12,7 @@ from typing import Callable, Dict
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ablate.config import ConfigError, HFModelConfig, ModelConfig, UserModelConfig
 from ablate.config.fields import user_object
@@ -73,7 +74,27 @@ def build_target(cfg: UserModelConfig) -> nn.Module:
 # the model node's schema -> its builder (config/models.py)
 REGISTRY: Dict[type, Callable[..., nn.Module]] = {ModelConfig: build_llama, HFModelConfig: build_hf,
                                                   UserModelConfig: build_target}
+
+
+class NoInitOnMeta(TorchFunctionMode):
+    """A network built on the meta device skips its random initialisation (there are no values to fill): torch's
+    first random fill of a meta tensor imports torch._dynamo (~2 s), which a refusal up front must not pay."""
+
+    FILLS = ("normal_", "uniform_", "trunc_normal_", "random_", "bernoulli_", "exponential_")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", "") == "torch.nn.init" or getattr(func, "__name__", "") in self.FILLS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 def build_net(cfg, device="cpu") -> nn.Module:
+    if str(device) == "meta":
+        with torch.device(device), NoInitOnMeta():
+            return REGISTRY[type(cfg)](cfg)
     with torch.device(device):
         return REGISTRY[type(cfg)](cfg)
 

@@ -46,7 +46,17 @@ def _refuse(model_name: str, why: str) -> ConfigError:
 def check(cfg: AblateConfig) -> None:
     """A model a pipeline cannot cut, refused before any rank starts (its outline on the meta device)."""
     if cfg.parallel.pp > 1:
-        outline(build(cfg.model, "meta"), cfg.model.name)
+        model = build(cfg.model, "meta")
+        if model.blocks.modules:   # (counted before the outline's forward, which costs a second or two)
+            check_divides(len(model.blocks.modules), cfg.parallel.pp * cfg.parallel.pp_stages_per_rank, cfg.model.name)
+        outline(model, cfg.model.name)
+
+
+def check_divides(n: int, count: int, name: str) -> None:
+    """The pipeline's rule (docs/layouts.md, "Pipelines"): the blocks divide into pp x v stages of equal length."""
+    if n % count:
+        raise ConfigError(f"parallel.pp x pp_stages_per_rank = {count} stages: model={name}'s {n} blocks do not "
+                          f"divide into them; valid: pp x v dividing {n}")
 
 
 def outline(model: LanguageModel, name: str) -> Outline:
@@ -190,10 +200,7 @@ def cut(net: nn.Module, plan: Outline, index: int, count: int, seq_len: int) -> 
 def stages_of(model: LanguageModel, plan: Outline, indices: List[int], count: int, seq_len: int,
               name: str) -> List[Stage]:
     """This rank's stages (`indices` of `count`), each from its own copy of the network but the last."""
-    n = len(model.blocks.modules)
-    if n % count:
-        raise ConfigError(f"parallel.pp x pp_stages_per_rank = {count} stages: model={name}'s {n} blocks do not "
-                          f"divide into them; valid: a divisor of {n}")
+    check_divides(len(model.blocks.modules), count, name)
     nets = [copy.deepcopy(model.net) for _ in indices[1:]] + [model.net]
     return [cut(net, plan, i, count, seq_len) for net, i in zip(nets, indices)]
 
