@@ -76,6 +76,25 @@ def test_plain_runs_are_compared_by_the_knob_their_configs_differ_in(tmp_path):
     assert speed.verdict == "no claim" and speed.n == 2 and speed.measured == pytest.approx((1.3 + 128 / 104) / 2)
 
 
+def test_a_checkpointing_grids_memory_verdict_is_its_peak_tensor_bytes(tmp_path, capsys):
+    """Stand-in CPU runs of `-m model.activation_checkpointing=false,true sweep.repeat=0,1` (in process): the memory
+    verdict is the peak tensor bytes' change with its interval, the saved activations beside it, the RSS a context
+    figure; no week-4 arithmetic; the terminal's table names each row's arms."""
+    for r, (ck, tensors, saved, rss) in enumerate([(False, 9.4e6, 6.7e6, 374e6), (True, 5.7e6, 1.5e6, 386e6)] * 2):
+        fake_run(tmp_path, f"{r}_ck{ck}", {"model": {"activation_checkpointing": ck}, "sweep": {"repeat": r // 2}},
+                 tokens_per_s=100.0, peak_bytes_measured=tensors * (1 + r / 100), activation_bytes=saved,
+                 mem_peak_bytes=rss)
+    built = report.build([tmp_path])
+    by = {c.metric: c for c in built.checks}
+    tensors, saved, rss = by["peak_bytes_measured"], by["activation_bytes"], by["mem_peak_bytes"]
+    assert tensors.n == 2 and tensors.measured == pytest.approx(0.612, abs=0.002) and tensors.ci_low < tensors.ci_high
+    assert "the memory verdict" in tensors.what and "context" in rss.what and saved.measured < 0.25
+    assert built.arithmetic == []
+    report.output.print_table(built)
+    folded = "".join(ln.split("│")[2].strip() for ln in capsys.readouterr().out.splitlines() if ln.count("│") > 3)
+    assert "model.activation_checkpointing=True vs False" in folded   # (the arms column, folded over its lines)
+
+
 def test_runs_from_different_hardware_are_not_paired_unless_asked(tmp_path):
     c3_run(tmp_path, "a", False, 0, comm_bytes_per_step=800.0, tokens_per_s=100.0)
     c3_run(tmp_path, "b", True, 0, provenance={"cpu_model": "Other CPU", "cpu_cores": 64},

@@ -2,11 +2,17 @@
 for the model C1 measured here: lines at the end of report.md."""
 from __future__ import annotations
 
-from typing import List
+from typing import Iterable, List
 
 
-def claims() -> List[str]:
-    """The claims' own arithmetic (docs/week4.md), checked."""
+def claims(held: Iterable[str]) -> List[str]:
+    """The claims' own arithmetic (docs/week4.md), checked: the lines of the week-4 claims among `held` (the report's
+    groups' claims; a sweep of the user's own, or runs compared ad hoc, hold none of them)."""
+    held = set(held)
+    return [line for line in _arithmetic() if line.split(":", 1)[0] in held]
+
+
+def _arithmetic() -> List[str]:
     params = 70e9
     return [f"C2: 840 GB / 70B params = {840e9 / params:.0f} bytes/param (fp32 master + Adam m + v); "
             f"/ 64 GPUs = {840e9 / 64 / 1e9:.1f} GB per GPU",

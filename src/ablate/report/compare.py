@@ -281,8 +281,8 @@ def build(dirs: List[Path], mixed_hardware: bool = False, level: float = 0.95) -
     checks = [check(g, spec, mixed_hardware, flagged, level, failures) for g in groups
               for spec in [*g.sweep.get("checks", []), *collected_checks(g)]]
     return Report(runs, unfinished, plan.missing(dirs), groups, checks, flagged, noise.floor(groups, checks, flagged),
-                  arithmetic.claims() + arithmetic.article_mfu(groups) if any(g.sweep.get("claim") for g in groups)
-                  else [], level, sequential.read(dirs[0]), {a.key: a.find(runs) for a in ANALYSES})
+                  arithmetic.claims(g.sweep.get("claim") for g in groups) + arithmetic.article_mfu(groups), level,
+                  sequential.read(dirs[0]), {a.key: a.find(runs) for a in ANALYSES})
 
 
 def write_csv(path: Path, checks: List[Check]) -> None:

@@ -9,7 +9,7 @@ from ablate import units
 from ablate.report import noise, outliers, panels, sequential, stats, timeline
 from ablate.report import runs as R
 from ablate.report.analyses import ANALYSES, GROUP_SECTIONS
-from ablate.report.compare import Report
+from ablate.report.compare import Check, Report
 from ablate.report.stats import VERDICTS
 
 THRESHOLD_RULE = ("Verdicts: the effect is the median over paired repeats, with a 95% t-interval (on log-ratios "
@@ -169,6 +169,12 @@ def write(out: Path, report: Report) -> Path:
     return path
 
 
+def arms_text(c: Check) -> str:
+    """Which arms a check compares, treatment first: `key=new vs old` when both set one key."""
+    (tk, _, tv), (bk, _, bv) = c.treatment.partition("="), c.baseline.partition("=")
+    return f"{tk}={tv} vs {bv}" if tk == bk and tv and bv and "," not in tk else f"{c.treatment} vs {c.baseline}"
+
+
 def print_table(report: Report) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -177,13 +183,14 @@ def print_table(report: Report) -> None:
     floor = report.noise_floor
     table = Table(title="claimed vs measured" + (f" (noise floor ±{floor['half_width']:.1%} tok/s, n={floor['n']})"
                                                  if floor and "half_width" in floor else ""))
-    for col in ("claim", "check", "claimed", "measured [95% CI] (n)", "verdict"):
-        table.add_column(col)
+    claimed = any(c.claimed is not None for c in report.checks)   # (a column of "no claim" only: left out)
+    for col in ("claim", "arms", "check", *(("claimed",) if claimed else ()), "measured [95% CI] (n)", "verdict"):
+        table.add_column(col, overflow="fold" if col == "arms" else "ellipsis")
     colour = dict(zip(VERDICTS, ("green", "red", "yellow", "bright_black", "cyan", "bold red")))
     for c in report.checks:
         vs = " (vs expected here)" if against_expected(c) else ""
-        table.add_row(c.claim, c.metric, claimed_text(c), escape(measured_text(c)),
-                      f"[{colour[c.verdict]}]{c.verdict}{vs}")
+        table.add_row(c.claim, escape(arms_text(c)), c.metric, *((claimed_text(c),) if claimed else ()),
+                      escape(measured_text(c)), f"[{colour[c.verdict]}]{c.verdict}{vs}")
     if report.checks:
         Console().print(table)
     for analysis in ANALYSES:
