@@ -2,6 +2,7 @@
 back from its spec), and the verdicts as a `report` run written by the real wandb, offline."""
 import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,11 +88,20 @@ def test_an_adhoc_multirun_groups_its_runs_by_call(tmp_path, capsys):
     files = sorted(tmp_path.glob("call7/*/wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2
     assert {digest(f)["run"].run_group for f in files} == {"multirun-call7"}
-    # the README's upload line for a whole call (a shell glob), as wandb itself reads it
+    # the upload line `ablate.report --wandb` prints without credentials (its globs, as a shell expands them), as
+    # wandb itself reads it: both runs, and the report's own run (in process, ~3 s)
+    env = {k: os.environ.pop(k) for k in ("WANDB_API_KEY", "WANDB_MODE") if k in os.environ}
+    try:
+        assert report.main([str(tmp_path / "call7"), "--wandb"]) == 2
+    finally:
+        os.environ.update(env)
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    globs = said.split("(wandb sync ", 1)[1].split(")", 1)[0].split()
+    found = sorted(p for g in globs for p in glob.glob(g))
+    assert len(found) == 3 and sum("report-" in p for p in found) == 1, said
     wandb_cli = Path(sys.executable).parent / "wandb"
-    dry = subprocess.run([str(wandb_cli), "sync", "--dry-run", *glob.glob(f"{tmp_path}/call7/*/wandb/offline-run-*")],
-                         capture_output=True, text=True, timeout=120)
-    assert "Would sync 2 run(s)" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+    dry = subprocess.run([str(wandb_cli), "sync", "--dry-run", *found], capture_output=True, text=True, timeout=120)
+    assert "Would sync 3 run(s)" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
 
 
 def test_a_grid_over_two_knobs_gets_a_parallel_coordinates_panel(tmp_path, monkeypatch):

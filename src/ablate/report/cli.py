@@ -76,7 +76,7 @@ def main(argv: List[str] = None) -> int:
         print(f"W&B: workspace spec {spec}; verdicts in the report run {run_id} ({where['mode']}, group "
               f"{', '.join(where['groups'])}); `--wandb` saves the workspace to the project")
     if args.wandb:
-        return wandb_view.push(report, {**where, "entity": args.entity or where.get("entity")}) if where \
+        return wandb_view.push(report, {**where, "entity": args.entity or where.get("entity")}, out) if where \
             else _no_wandb_runs()
     return 0
 

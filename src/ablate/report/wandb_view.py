@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -156,14 +157,25 @@ def report_run_id(out: Path) -> str:
     return "report-" + hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
 
 
-def push(report: Report, where: Dict[str, object]) -> int:
+def sync_command(report: Report, out: Path) -> str:
+    """`wandb sync` with globs that match every offline run of the report: the runs' own (one level down in a -m
+    grid's dir, two in a sweep's, as each run's summary.json records its W&B dir) and the report's run in `out`."""
+    dirs = [Path(r.summary["wandb"]["dir"]) for r in report.runs if (r.summary.get("wandb") or {}).get("dir")]
+    dirs = [d.resolve() for d in [*dirs, *(out / "wandb").glob("offline-run-*")] if d.name.startswith("offline-run-")]
+    if not dirs:
+        return "wandb sync <run dir>/wandb/offline-run-*"
+    root = Path(os.path.commonpath([str(d.parent.parent) for d in dirs]))
+    depths = sorted({len(d.relative_to(root).parts) - 2 for d in dirs})   # (levels between root and each wandb/)
+    return "wandb sync " + " ".join(shlex.quote(str(root)) + "/" + "*/" * n + "wandb/offline-run-*" for n in depths)
+
+
+def push(report: Report, where: Dict[str, object], out: Path) -> int:
     """`--wandb`: save the workspace to the project (online); one line of what it needs when it cannot."""
     import wandb
 
     if wandb_mode(LoggerConfig()) != "online":   # the same credential rule as the runs
         print("ablate.report: error: --wandb needs W&B credentials (wandb login, or WANDB_API_KEY) and the runs "
-              "uploaded first (wandb sync <dir>/*/*/wandb/offline-run-*); the view is in wandb_workspace.json",
-              file=sys.stderr)
+              f"uploaded first ({sync_command(report, out)}); the view is in wandb_workspace.json", file=sys.stderr)
         return 2
     given = entity_of(where)
     saved = workspace(report, where, entity=given if given != PLACEHOLDER_ENTITY else wandb.Api().default_entity).save()
