@@ -127,3 +127,19 @@ def test_torchs_own_warnings_go_to_the_run_log_not_the_console(tmp_path, capfd):
     logging.getLogger("torch.distributed.tensor._redistribute").warning("2 sequential all_reduce operations")
     assert "sequential all_reduce" not in capfd.readouterr().err
     assert "sequential all_reduce" in (tmp_path / "ablate.log").read_text()
+
+
+def test_the_printed_summary_names_the_mesh_and_a_bubble_the_schedule_dominates():
+    """The console's lines from fixed summaries (in process, ~0 s)."""
+    from ablate.console import bubble_note, mesh_line
+
+    assert mesh_line({"mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 1},
+                      "choices": {"parallel": "fsdp2"}}) == "mesh: dp_shard 4, parallel=fsdp2"
+    hsdp = mesh_line({"mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1}, "choices": {"parallel": "hsdp"}})
+    assert "the same layout as fsdp2 at this size" in hsdp
+    assert mesh_line({"mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}}) == "mesh: one rank"
+    pipeline = {"pp_bubble_expected": 1 / 9, "pipeline": {"schedule": "1f1b", "action_s": 1.5e-3,
+                                                           "overhead_s_per_action": 0.9e-3}}
+    assert "dominates it" in bubble_note(pipeline) and "0.90 ms" in bubble_note(pipeline)
+    pipeline["pipeline"]["overhead_s_per_action"] = 0.1e-3
+    assert bubble_note(pipeline) == "expected 11.1% (1f1b)"

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ablate import units
+from ablate.config.dims import in_use
 
 console = Console(stderr=True)
 LOG_FILE = "ablate.log"          # Hydra's job log (hydra.job.name=ablate) and every rank's library output
@@ -133,6 +134,25 @@ def straggler_line(s: Dict[str, object]) -> str:
             f"({s['seconds'] * 1e3:.1f} ms vs {s['others_s'] * 1e3:.1f} ms)")
 
 
+def bubble_note(summary: Dict[str, object]) -> str:
+    """The expected bubble, and whether the schedule's own cost per action dominates the measured one."""
+    p = summary["pipeline"]
+    note = f"expected {units.fmt('pp_bubble', summary['pp_bubble_expected'])} ({p['schedule']})"
+    work, overhead = p.get("action_s"), p.get("overhead_s_per_action")
+    if work and overhead and overhead > work / 2:   # (the schedule's cost per action is half its work or more)
+        note += (f"; the schedule's own cost per action ({overhead * 1e3:.2f} ms beyond the expected wait, against "
+                 f"{work * 1e3:.2f} ms of work) dominates it: stages this small measure the schedule, not the bubble")
+    return note
+
+
+def mesh_line(summary: Dict[str, object]) -> str:
+    """The layout the run trained on, and a strategy whose mesh makes it another one at this size."""
+    mesh, strategy = summary["mesh"], (summary.get("choices") or {}).get("parallel", "")
+    same = " (hsdp with one shard group: the same layout as fsdp2 at this size)" \
+        if strategy == "hsdp" and mesh.get("dp_replicate", 1) == 1 else ""
+    return f"mesh: {in_use(mesh)}{f', parallel={strategy}' if strategy else ''}{same}"
+
+
 def print_summary(summary: Dict[str, object]) -> None:
     table = Table(title="ablate run", show_header=True)
     table.add_column("figure")
@@ -144,13 +164,14 @@ def print_summary(summary: Dict[str, object]) -> None:
             continue
         value = "[red]invalid" if key in invalid else units.fmt(key, summary.get(key))
         label = f"{key} ({summary['mfu_convention']})" if key == "mfu" and summary.get("mfu_convention") else key
-        note = f"expected {units.fmt(key, summary['pp_bubble_expected'])} ({summary['pipeline']['schedule']})" \
-            if key == "pp_bubble" else notes.get(key, "")
+        note = bubble_note(summary) if key == "pp_bubble" else notes.get(key, "")
         predicted = (summary.get("predicted") or {}).get(key) if key in ("step_time_s", "tokens_per_s") else None
         if predicted:   # summary.json's `predicted`, made before the first step (docs/prediction.md)
             note = "; ".join(n for n in (f"predicted {units.fmt(key, predicted)} before the run", note) if n)
         table.add_row(label, value, note)
     console.print(table)
+    if summary.get("mesh"):
+        console.print(mesh_line(summary), soft_wrap=True)
     if len(summary.get("hosts") or []) > 1:
         console.print("ranks: " + ", ".join(f"{host} {ranks}" for host, ranks in summary["ranks_by_host"].items()))
     if summary.get("straggler"):

@@ -18,3 +18,9 @@ def label(mesh: Dict[str, int]) -> str:
 def described(mesh: Dict[str, int]) -> str:
     """A mesh record in words: "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1"."""
     return " x ".join(f"{d} {mesh.get(d, 1)}" for d in DIMS)
+
+
+def in_use(mesh: Dict[str, int]) -> str:
+    """The dims a run splits over, in words: "dp_shard 4", "dp_shard 2 x tp 2"; "one rank" when none."""
+    used = [f"{d} {mesh[d]}" for d in DIMS if mesh.get(d, 1) > 1]
+    return " x ".join(used) or "one rank"

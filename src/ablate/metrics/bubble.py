@@ -27,12 +27,14 @@ class StageClock:
         self.cuda = getattr(device, "type", "cpu") == "cuda"
         self.busy_s = 0.0       # in actions, this step
         self.wall_s = 0.0       # the schedule step, this step
+        self.actions = 0        # actions run, this step
         self._events: List[tuple] = []
         self._t0: Optional[float] = None
 
     def timed(self, action):
         """`action` (a stage's bound method), timed on each call."""
         def run(*args, **kwargs):
+            self.actions += 1
             if self.cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -49,7 +51,7 @@ class StageClock:
         return run
 
     def step_begins(self) -> None:
-        self.busy_s, self._events = 0.0, []
+        self.busy_s, self._events, self.actions = 0.0, [], 0
         self._t0 = time.perf_counter()
 
     def step_ends(self) -> None:
@@ -69,8 +71,9 @@ class Bubble(BuiltIn):
         self.expected = expected_of(parallel)
         self.schedule, self.shape = parallel.pp_schedule, {"pp": parallel.pp, "microbatches": parallel.microbatches,
                                                            "stages_per_rank": parallel.pp_stages_per_rank}
-        self.totals = dict(pp_busy_s=0.0, pp_wall_s=0.0)
+        self.totals = dict(pp_busy_s=0.0, pp_wall_s=0.0, pp_actions=0)
         self._busy = self._wall = 0.0
+        self._actions = 0
         self._measured = False
 
     def step_begins(self, step: int) -> None:   # (called for the measured steps only)
@@ -80,21 +83,34 @@ class Bubble(BuiltIn):
         if self._measured:
             self._busy += self.clock.busy_s
             self._wall += self.clock.wall_s
+            self._actions += self.clock.actions
         self._measured = False
 
     def mark(self) -> None:
         self._busy = self._wall = 0.0
+        self._actions = 0
 
     def interval(self, span: Span) -> Dict[str, object]:
         self.totals["pp_busy_s"] += self._busy
         self.totals["pp_wall_s"] += self._wall
+        self.totals["pp_actions"] += self._actions
         return {"pp_bubble": 1 - self._busy / self._wall if self._wall else None}
 
     def summary(self, span: Span) -> Dict[str, object]:
         t = self.totals
         return {"pp_bubble": 1 - t["pp_busy_s"] / t["pp_wall_s"] if t["pp_wall_s"] else None,
                 "pp_bubble_expected": self.expected,
-                "pipeline": {"schedule": self.schedule, **self.shape, "expected_source": SOURCES[self.schedule]}}
+                "pipeline": {"schedule": self.schedule, **self.shape, "expected_source": SOURCES[self.schedule],
+                             **self.per_action()}}
+
+    def per_action(self) -> Dict[str, float]:
+        """One action's mean work, and the wait per action beyond the schedule's expected bubble: the schedule's own
+        cost per action (its sends, bookkeeping, launches), which dominates the bubble when stages are tiny."""
+        t = self.totals
+        if not t["pp_actions"] or not t["pp_wall_s"]:
+            return {}
+        beyond = t["pp_wall_s"] - t["pp_busy_s"] / (1 - self.expected)   # the wall an ideal schedule would not take
+        return {"action_s": t["pp_busy_s"] / t["pp_actions"], "overhead_s_per_action": beyond / t["pp_actions"]}
 
 
 def pipeline_figures(per_rank) -> Dict[str, object]:
