@@ -76,10 +76,24 @@ def test_a_resume_on_more_ranks_lists_the_global_batch_it_changes():
 
     saved = {"train": {"steps": 10, "batch_size": 8, "grad_accum": 2, "lr": 0.003}, "parallel": {"name": "ddp"}}
     now = {"train": {"steps": 20, "batch_size": 8, "grad_accum": 2, "lr": 0.003}, "parallel": {"name": "ddp"}}
-    assert check_resumable(saved, now, step=10, world=2, saved_world=1) == {"global_batch": [16, 32]}  # 8 x 2 x ranks
+    assert check_resumable(saved, now, step=10, world=2, saved_world=1) == {"global_batch": [16, 32],  # 8 x 2 x ranks
+                                                                            "world_size": [1, 2]}
     assert check_resumable(saved, now, step=10, world=2, saved_world=2) == {}
     fixed = {**now, "train": {**now["train"], "global_batch_size": 64}}
-    assert check_resumable(saved, fixed, step=10, world=2, saved_world=1) == {"global_batch": [16, 64]}
+    assert check_resumable(saved, fixed, step=10, world=2, saved_world=1) == {"global_batch": [16, 64],
+                                                                              "world_size": [1, 2]}
+
+
+def test_a_resume_onto_another_mesh_records_the_strategy_the_world_and_the_mesh():   # in process, ~0 s
+    """fsdp2 on 4 ranks -> hsdp 2 x 4 (both read DCP's checkpoint)."""
+    from ablate.train.resumable import check_resumable
+
+    saved = {"train": {"steps": 10, "batch_size": 8}, "parallel": {"name": "fsdp2"}}
+    now = {"train": {"steps": 20, "batch_size": 8}, "parallel": {"name": "hsdp"}}
+    meshes = ({"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 1}, {"pp": 1, "dp_replicate": 2, "dp_shard": 4, "tp": 1})
+    assert check_resumable(saved, now, step=10, world=8, saved_world=4, meshes=meshes) == {
+        "global_batch": [32, 64], "parallel.name": ["fsdp2", "hsdp"], "world_size": [4, 8],
+        "mesh": ["dp_shard 4", "dp_replicate 2 x dp_shard 4"]}
 
 
 def test_a_resume_that_would_stretch_a_decaying_schedule_says_how_to_keep_it():   # in process, ~0 s

@@ -116,11 +116,12 @@ def log_artifact(path: Path, name: str) -> Optional[str]:
     return name
 
 
-def load(name: str, store: Optional[str] = None) -> Dict[str, object]:
+def load(name: str, store: Optional[str] = None, given: str = "--against ") -> Dict[str, object]:
+    """A saved baseline by name (`given`: how the command took the name, for its one line)."""
     path = store_dir(store) / f"{name}.json"
     if not path.exists():
         known = ", ".join(listing(store)) or "none saved yet"
-        raise ConfigError(f"--against {name}: no such baseline in {store_dir(store)}; valid choices: {known}")
+        raise ConfigError(f"{given}{name}: no such baseline in {store_dir(store)}; valid choices: {known}")
     try:
         return json.loads(path.read_text())
     except ValueError as e:

@@ -21,7 +21,11 @@ EXIT_REGRESSED = 1
 
 
 def threshold_of(text: str) -> float:
-    value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise ConfigError(f"--threshold {text}: not a number; allowed: a share in (0, 1) or a percentage (5%)") \
+            from None
     if not 0 < value < 1:
         raise ConfigError(f"--threshold {text}: out of range; allowed: a share in (0, 1) or a percentage (5%)")
     return value
@@ -121,7 +125,7 @@ def main(argv: List[str] = None) -> int:
             print("\n".join(baseline.listing(args.store)) or f"no baselines in {baseline.store_dir(args.store)}")
             return 0
         if args.command == "show":
-            entry = baseline.load(args.name, args.store)
+            entry = baseline.load(args.name, args.store, given="show ")
             print(json.dumps({k: v for k, v in entry.items() if k != "arms"}, indent=1))
             for arm, kept in entry["arms"].items():
                 print(f"{arm}: {len(kept['runs'])} run(s)")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from pathlib import Path
 
 NAME_MAX = 255      # bytes in one path component (ext4, xfs, APFS ...)
@@ -73,6 +75,10 @@ def out_dir(text: str) -> Path:
         if parent.exists():
             if not parent.is_dir():
                 raise argparse.ArgumentTypeError(f"{text}: {parent} is a file, not a folder")
+            try:   # it must take what is made in it (/proc does not, whatever its permissions say)
+                os.rmdir(tempfile.mkdtemp(prefix=".ablate-probe-", dir=parent))
+            except OSError as e:
+                raise argparse.ArgumentTypeError(f"{text}: {parent} does not take a folder ({e.strerror})") from None
             break
     return path
 

@@ -43,7 +43,7 @@ class TrainConfig:
 
     def __post_init__(self):
         check_ranges(self, "train")
-        if self.warmup_steps >= self.steps:
+        if self.warmup_steps >= self.steps and self.resume is None:   # (a resume's steps: its checkpoint's check)
             raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be < train.steps={self.steps}")
         if self.seq_len_min is not None and self.seq_len_min > self.seq_len:
             raise ConfigError(f"train.seq_len_min={self.seq_len_min}: must be in [1, train.seq_len={self.seq_len}]")

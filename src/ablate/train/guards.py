@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -62,6 +63,11 @@ def check_writable(run_dir: Path, need_bytes: int = 1 << 20, key: str = "hydra.r
         probe = probe.parent
     if not os.access(probe, os.W_OK):
         raise ConfigError(f"{key}={run_dir}: {probe} is not writable (read-only or no permission)")
+    try:   # (root may write anywhere by its permissions: /proc or /sys still take no folder)
+        os.rmdir(tempfile.mkdtemp(prefix=".ablate-probe-", dir=probe))
+    except OSError as e:
+        raise ConfigError(f"{key}={run_dir}: {probe} does not take a folder ({e.strerror}); choose a directory on "
+                          "a disk") from None
     if shutil.disk_usage(probe).free < need_bytes:
         raise ConfigError(f"{key}={run_dir}: no space left on {probe} "
                           f"({shutil.disk_usage(probe).free // 1024} kB free)")

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ablate import optim, units
+from ablate import optim, parallel, units
 from ablate.config import RunStopped
 from ablate.metrics.activations import SavedTensors
 from ablate.metrics.collectors import Collected, StepEvent
@@ -250,6 +250,7 @@ class Loop:
             return
         self.meter.step_times.take()      # CUDA: the save has synchronised; a resume keeps every step's time
         meta = {"wandb_id": self.tracker.wandb_id, "world_size": self.env.world_size, "totals": self.meter.totals,
-                "config": {k: v for k, v in self.resolved.items() if k != "hydra"}}
+                "config": {k: v for k, v in self.resolved.items() if k != "hydra"},
+                "mesh": parallel.layout_of(self.cfg).record()}
         checkpoint.save(self.run_dir / checkpoint.DIRNAME, self.strategy, step, meta, self.env.is_main)
         self.saved_step = self.unconfirmed = step

@@ -2,10 +2,11 @@
 checked again by each rank as it loads (train/trainer.py); what changes is recorded with the run."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from ablate import parallel
 from ablate.config import ConfigError
+from ablate.config.dims import in_use
 from ablate.train.checkpoint import check_complete, newest_whole, read_meta, resolve
 
 # what a checkpoint's format cannot change on resume (parallel: each strategy's file layout, in its registry)
@@ -24,8 +25,11 @@ def _flat(node, prefix="") -> Dict[str, object]:
     return out
 
 
-def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, saved_world: Optional[int]) -> Dict:
-    """Refuse (one line) what a checkpoint cannot become; return {key: [saved, now]} of what changes."""
+def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, saved_world: Optional[int],
+                    meshes: Tuple[Optional[Dict], Optional[Dict]] = (None, None)) -> Dict:
+    """Refuse (one line) what a checkpoint cannot become; return {key: [saved, now]} of what changes: the keys that
+    may change, the global batch, and the layout (the strategy, the world, the mesh: `meshes`, the checkpoint's and
+    this run's records, where both are known)."""
     steps = now["train"]["steps"]
     if steps <= step:
         raise ConfigError(f"train.steps={steps}: the checkpoint is at step {step}; ask for more steps to continue "
@@ -47,6 +51,12 @@ def check_resumable(saved: Optional[Dict], now: Dict, step: int, world: int, sav
     batch = [_global_batch(a, saved_world or world), _global_batch(b, world)]
     if batch[0] != batch[1]:   # more ranks (or another batch size): the same step now sees more sequences
         changed["global_batch"] = batch
+    if a.get("parallel.name") != b.get("parallel.name"):   # a strategy that reads the same checkpoint (DCP's)
+        changed["parallel.name"] = [a.get("parallel.name"), b.get("parallel.name")]
+    if saved_world not in (None, world):
+        changed["world_size"] = [saved_world, world]
+    if None not in meshes and meshes[0] != meshes[1]:
+        changed["mesh"] = [in_use(meshes[0]), in_use(meshes[1])]
     return changed
 
 

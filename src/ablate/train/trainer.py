@@ -134,14 +134,14 @@ def resume_point(cfg: AblateConfig, run_dir: Path) -> Optional[Path]:
     return own if (own / "meta.pt").exists() and ranks.rank_env().slurm_job else None
 
 
-def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env) -> Dict[str, object]:
+def resume(cfg: AblateConfig, run_dir: Path, resolved: Dict, strategy, env, layout: Layout) -> Dict[str, object]:
     """{step, wandb_id, totals, changed} from the checkpoint to continue, or a fresh start."""
     path = resume_point(cfg, run_dir)
     if path is None:
         return {"step": 0, "wandb_id": None, "totals": None, "changed": {}}
     meta = checkpoint.read_meta(checkpoint.newest_whole(path))
     changed = resumable.check_resumable(meta.get("config"), resolved, meta["step"], env.world_size,
-                                         meta.get("world_size"))
+                                         meta.get("world_size"), (meta.get("mesh"), layout.record()))
     meta = checkpoint.load(path, strategy, env)
     strategy.apply_hyperparameters(cfg.optim)     # lr & co as this run asks, not as the checkpoint had them
     return {"step": meta["step"], "wandb_id": meta.get("wandb_id"), "totals": meta.get("totals"),
@@ -257,7 +257,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             if env.device.type == "cpu" else None
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
             facts, strategy, blocks = build(cfg, env, layout, mesh)
-        resumed = resume(cfg, run_dir, resolved, strategy, env)
+        resumed = resume(cfg, run_dir, resolved, strategy, env, layout)
         start_step = resumed["step"]
         if env.is_main:
             checkpoint.truncate_metrics(run_dir, start_step)
