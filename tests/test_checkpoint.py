@@ -90,7 +90,8 @@ def test_a_resume_onto_another_mesh_records_the_strategy_the_world_and_the_mesh(
 
     saved = {"train": {"steps": 10, "batch_size": 8}, "parallel": {"name": "fsdp2"}}
     now = {"train": {"steps": 20, "batch_size": 8}, "parallel": {"name": "hsdp"}}
-    meshes = ({"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 1}, {"pp": 1, "dp_replicate": 2, "dp_shard": 4, "tp": 1})
+    meshes = ({"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 1},
+              {"pp": 1, "dp_replicate": 2, "dp_shard": 4, "tp": 1})
     assert check_resumable(saved, now, step=10, world=8, saved_world=4, meshes=meshes) == {
         "global_batch": [32, 64], "parallel.name": ["fsdp2", "hsdp"], "world_size": [4, 8],
         "mesh": ["dp_shard 4", "dp_replicate 2 x dp_shard 4"]}
