@@ -213,16 +213,19 @@ def test_a_bad_model_or_data_is_one_line_before_any_directory(tmp_path, monkeypa
                            "optim.name = adamw, sgd"),
     ("listy", "- a\n- b\n", "listy.yaml: a sweep file is a mapping (defaults:, hydra:, sweep:, ...), not a list"),
     ("binary", b"\x7fELF\x02\x01\x01\x00\xff\xfe", "binary.yaml: not a text file"),
+    ("headless", "", "headless.yaml: a sweep file begins with the line `# @package _global_`"),
 ])
 def test_a_sweep_file_is_checked_whole_before_anything_trains(tmp_path, user_files, monkeypatch, capsys, name, text,
                                                               line):
-    """In process (~1 s each): a user's sweep whose baseline is no run of its grid, a list, a binary file."""
+    """In process (~1 s each): a user's sweep whose baseline is no run of its grid, a list, a binary file, one
+    without Hydra's package header."""
     from ablate.sweeps.__main__ import main as sweeps_main
 
     (tmp_path / "sweeps").mkdir()
     mine = (user_files.config_dir / "sweeps" / "mysweep.yaml").read_text().replace("baseline: adamw", "baseline: adam")
     path = tmp_path / "sweeps" / f"{name}.yaml"
-    path.write_bytes(text if isinstance(text, bytes) else (text or mine).encode())
+    headless = mine.replace("# @package _global_\n", "") if name == "headless" else None
+    path.write_bytes(text if isinstance(text, bytes) else (headless or text or mine).encode())
     monkeypatch.syspath_prepend(str(user_files.module_dir))
     monkeypatch.chdir(tmp_path)
     code = sweeps_main([name, "--config-dir", str(tmp_path), "--config-dir", str(user_files.config_dir)])

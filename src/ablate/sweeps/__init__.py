@@ -61,7 +61,13 @@ def load(name: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a sweep file is a mapping (defaults:, hydra:, sweep:, ...), not a "
                           f"{type(data).__name__}; sweeps/README.md shows one")
+    if path.suffix == ".yaml" and PACKAGE_HEADER not in path.read_text().splitlines()[:5]:
+        raise ConfigError(f"{path}: a sweep file begins with the line `{PACKAGE_HEADER}` (it sets keys of every "
+                          "group: model, train, hydra, ...); add it as its first line (sweeps/README.md)")
     return data
+
+
+PACKAGE_HEADER = "# @package _global_"   # Hydra's: the file's keys are the whole config's, not sweeps.<key>
 
 
 def knob_value(cfg, knob: str):
