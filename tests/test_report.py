@@ -95,6 +95,14 @@ def test_a_checkpointing_grids_memory_verdict_is_its_peak_tensor_bytes(tmp_path,
     assert "model.activation_checkpointing=True vs False" in folded   # (the arms column, folded over its lines)
 
 
+def test_a_directory_given_twice_is_counted_once(tmp_path):
+    for r, (b, t) in enumerate([(100.0, 150.0), (100.0, 160.0)]):
+        c3_run(tmp_path, f"{r}_sync", False, r, comm_bytes_per_step=800.0, tokens_per_s=b)
+        c3_run(tmp_path, f"{r}_nosync", True, r, comm_bytes_per_step=100.0, tokens_per_s=t)
+    twice = report.build([tmp_path, tmp_path, tmp_path / "0_sync"])
+    assert len(twice.runs) == 4 and next(c for c in twice.checks if c.metric == "tokens_per_s").n == 2
+
+
 def test_runs_from_different_hardware_are_not_paired_unless_asked(tmp_path):
     c3_run(tmp_path, "a", False, 0, comm_bytes_per_step=800.0, tokens_per_s=100.0)
     c3_run(tmp_path, "b", True, 0, provenance={"cpu_model": "Other CPU", "cpu_cores": 64},

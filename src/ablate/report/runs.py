@@ -141,13 +141,17 @@ def _load(path: Path) -> Dict:
 
 
 def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
-    """(finished runs, run dirs without a summary) under these directories, in path order."""
-    runs, unfinished = [], []
+    """(finished runs, run dirs without a summary) under these directories, in path order; a run named twice (the
+    same directory given twice, or one inside another given) is one run."""
+    runs, unfinished, seen = [], [], set()
     for d in dirs:
         for config_path in sorted(Path(d).rglob("config.yaml")):
             run_dir = config_path.parent
             if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN or ".incomplete-" in run_dir.name:
                 continue   # (a run a later call of its sweep set aside and ran again: ablate.sweeps)
+            if run_dir.resolve() in seen:
+                continue
+            seen.add(run_dir.resolve())
             if not record.exists(run_dir):
                 unfinished.append(run_dir)
                 continue
