@@ -54,6 +54,39 @@ def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path, monkeypa
     assert not (tmp_path / "run").exists()
 
 
+def test_the_memory_check_reads_the_cgroups_above_the_process_v1_and_v2(tmp_path):   # in process, ~0 s
+    """A copy of /proc/self/cgroup and of the cgroup mounts: a v1 memory group of 3 GiB (1 GiB in use) nested in one
+    without a limit, and a v2 group of 8 GiB: the tightest, v1's, is the room."""
+    from ablate.train.memory_guard import cgroup_dirs, memory_room
+
+    own = tmp_path / "cgroup"
+    own.write_text("4:memory:/jobs/mine\n3:cpuset:/\n0::/user.slice\n")
+    v1, v2 = tmp_path / "memory" / "jobs" / "mine", tmp_path / "user.slice"
+    for group, limit, used, files in ((v1, 3 << 30, 1 << 30, ("memory.limit_in_bytes", "memory.usage_in_bytes")),
+                                      (v1.parent, 9223372036854771712, 2 << 30, ("memory.limit_in_bytes",
+                                                                                 "memory.usage_in_bytes")),
+                                      (v2, 8 << 30, 0, ("memory.max", "memory.current")),
+                                      (tmp_path, "max", 0, ("memory.max", "memory.current"))):
+        group.mkdir(parents=True, exist_ok=True)
+        (group / files[0]).write_text(f"{limit}\n")
+        (group / files[1]).write_text(f"{used}\n")
+    room, said = memory_room(list(cgroup_dirs(own, tmp_path)))
+    assert room == 2 << 30 and f"its memory cgroup ({v1}: 3.2 GB, 1.1 GB in use) leaves" == said
+
+
+@pytest.mark.slow   # a process of its own (its limit must not be this worker's)
+def test_ulimit_v_is_a_memory_limit_too(tmp_path):
+    """`ulimit -v 4000000` (4 GB of address space a process), then model=1b: refused in one line (~4 s)."""
+    import resource
+
+    limit = 4_000_000 * 1024
+    done = subprocess.run([sys.executable, "-m", "ablate", "model=1b", "logger=none", f"hydra.run.dir={tmp_path}/r"],
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert done.returncode == 2 and "ulimit -v leaves each process" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
+
+
 def _mount_tmpfs(path: Path, options: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
