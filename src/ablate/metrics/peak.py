@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ablate import user_cache_dir
 from ablate.metrics import flops as F
-from ablate.metrics.comm import paused
+from ablate.metrics.counting import paused
 from ablate.metrics.host import cpu_model
 from ablate.precision import numerics
 

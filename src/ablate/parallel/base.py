@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ablate import optim
 from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
-from ablate.metrics.comm import CollectiveCounter, CommCounter, paused
+from ablate.metrics.counting import CollectiveCounter, CommCounter, paused
 from ablate.optim import by_mesh, is_dtensor
 from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.parallel.pipeline import pp_norm

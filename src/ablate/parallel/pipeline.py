@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ablate.config import AblateConfig, ConfigError, ModelConfig
 from ablate.config.schedules import MULTI_STAGE, TORCH_CLASS
 from ablate.metrics.bubble import StageClock
-from ablate.metrics.comm import paused
+from ablate.metrics.counting import paused
 
 
 def check(cfg: AblateConfig) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from ablate import optim
 from ablate.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig
-from ablate.metrics.comm import CollectiveCounter, CommCounter
+from ablate.metrics.counting import CollectiveCounter, CommCounter
 from ablate.parallel import choice
 from ablate.parallel.base import Strategy
 from ablate.parallel.mesh import Layout, group_names, world_dim

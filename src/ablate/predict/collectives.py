@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ablate import usable_cores, user_cache_dir
-from ablate.metrics.comm import paused
+from ablate.metrics.counting import paused
 from ablate.metrics.host import cpu_model
 from ablate.metrics.peak import forget_host, locked, read_entries, write_entries
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ablate import units
 from ablate.config import ConfigError, RunStopped
-from ablate.metrics.comm import all_gather_object
+from ablate.metrics.counting import all_gather_object
 from ablate.train import manifest, pickles
 
 DIRNAME = "checkpoint"     # <run dir>/checkpoint/: meta.pt (rank 0) + the strategy's own files

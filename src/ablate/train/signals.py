@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ablate.metrics.comm import paused
+from ablate.metrics.counting import paused
 from ablate.train.checkpoint import DIRNAME, read_meta
 from ablate.train.ranks import rank_env
 
