@@ -201,7 +201,24 @@ def test_a_run_that_ends_diverged_says_so_in_one_line_and_keeps_its_summary(tmp_
     err = said.err.strip().splitlines()
     assert code == 1 and err[-1].startswith("ablate: ended at step 8 with a non-finite loss"), err[-3:]
     assert "Traceback" not in said.err and units.fmt("loss", float("nan")) == "nan"
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 8
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 8
+    # its speed is not training's: the rates and utilisations are kept as invalid, with the reason
+    assert summary["mfu"] is None and summary["tokens_per_s"] is None and summary["step_time_s"] is not None
+    assert "the loss ended non-finite" in summary["invalid"]["tokens_per_s"]["reason"]
+
+
+@pytest.mark.slow
+def test_a_run_diverging_on_two_ranks_keeps_its_summary(tmp_path, capsys):
+    """bf16 at lr 1e8 on 2 ddp ranks, W&B on (offline: rank 0's finish takes a second or two): every rank stops at
+    the same step, and none leaves before rank 0 has written summary.json (without that the launcher stopped rank 0
+    as it wrote it: 3 of 3 tries lost it). 2 ranks, ~15 s."""
+    code = launch_in_process(["precision=bf16", "parallel=ddp", "launcher.nproc_per_node=2", "optim.lr=1e8",
+                              "train.steps=12", "train.warmup_steps=1", "train.log_every=2",
+                              "train.max_nonfinite_steps=3", "metrics.gemm_probe_n=64", "metrics.predict=false",
+                              f"hydra.run.dir={tmp_path}"])
+    assert code == 1 and (tmp_path / "summary.json").exists(), capsys.readouterr().err[-2000:]
+    assert sorted(p.name for p in (tmp_path / ".failures").iterdir()) == ["stopped-rank0.txt", "stopped-rank1.txt"]
 
 
 @pytest.mark.slow   # trains (in process): not the fast tier

@@ -9,7 +9,7 @@ from typing import Dict, Optional
 import torch
 
 from ablate.metrics.collectors import BuiltIn, Span
-from ablate.metrics.comm import mean_across_ranks
+from ablate.metrics.counting import mean_across_ranks, most_across_ranks
 
 
 class Health(BuiltIn):
@@ -47,8 +47,10 @@ class Health(BuiltIn):
         return not bool(self._last_loss_bad.item())
 
     def consecutive_nonfinite(self) -> int:
-        """Steps in a row, up to the last, with a non-finite loss or gradient norm (a host sync)."""
-        return int(self._consecutive.item())
+        """Steps in a row, up to the last, with a non-finite loss or gradient norm, the most of any rank's (a host
+        sync and one collective): every rank stops at the same step, as one (a rank whose own loss stayed finite
+        would otherwise go on into a collective its stopped peer never joins, and the run's summary be lost)."""
+        return most_across_ranks(int(self._consecutive.item()), self.env)
 
     def logged(self) -> Dict[str, object]:
         loss = mean_across_ranks(self.loss_sum / max(self.loss_count, 1), self.env)

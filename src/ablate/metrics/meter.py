@@ -12,6 +12,7 @@ None and `notes[key]` says why.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Dict, List, Optional
 
@@ -26,9 +27,11 @@ from ablate.metrics.health import Health
 from ablate.metrics.host import HostLoad
 from ablate.metrics.machine_speed import MachineSpeed
 from ablate.metrics.memory import Memory
-from ablate.metrics.throughput import Throughput
+from ablate.metrics.throughput import UTILIZATIONS, Throughput
 from ablate.metrics.timing import DataWait, Phases, synchronize
 
+# the figures a run whose loss ended non-finite did not train at (Meter._untrained); its step times stay measured
+UNTRAINED = ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "tokens_per_s_wall", *UTILIZATIONS)
 HOOKS = ("on_micro", "step_begins", "step_ends", "start", "mark", "interval", "logged", "summary", "close")
 
 
@@ -187,7 +190,25 @@ class Meter:
         out = self._gather("summary", Span(self.window["time"], self.window["steps"]))
         out.update({"world_size": self.world_size, "seq_len": self.seq_len, "measured_steps": self.window["steps"],
                     "excluded_steps": {k: list(v) for k, v in self.excluded.items()}})
+        self._untrained(out)
         return out
+
+    def _untrained(self, out: Dict[str, object]) -> None:
+        """A run whose loss ended non-finite trained nothing in its last steps (fp16's scaler skipped them, or NaN
+        flowed through): its rates and utilisations say how fast the machine ran, not how fast it trained, so
+        they are kept as invalid, with the reason, not shown as figures."""
+        loss = out.get("loss")
+        if not out.get("nonfinite_steps") or (loss is not None and math.isfinite(loss)):
+            return
+        why = (f"the loss ended non-finite ({out['nonfinite_steps']} step(s) with a non-finite loss or gradient, "
+               f"{out.get('scaler_skipped_steps') or 0} skipped by fp16's scaler): those steps trained nothing, so "
+               "their speed is not training's")
+        invalid = out.setdefault("invalid", {})
+        for key in UNTRAINED:
+            if out.get(key) is not None and key not in invalid:
+                invalid[key] = {"value": out[key], "reason": why}
+                out[key] = None
+                self.notes[key] = why
 
     def slowest_before_comm(self, count: int = 8) -> List[List[float]]:
         return self.comm.slowest_before_comm(count)

@@ -78,6 +78,12 @@ def setup(device_choice: str, need_group: bool = False) -> DistEnv:
     return DistEnv(rank, world, local_rank, device)
 
 
+def barrier() -> None:
+    """Every rank of the run's group waits here (nothing to wait for on one)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def teardown(clean: bool = True) -> None:
     """Barrier first: without it gloo aborts at exit about one run in seven. After an error there is
     no barrier (the other ranks may never reach it): the process leaves, and the launcher stops them."""

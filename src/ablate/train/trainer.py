@@ -18,7 +18,7 @@ from ablate.config.schedules import expected_of
 from ablate.console import StepProgress, library_output_to_log, print_summary, route_library_logs
 from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
-from ablate.metrics import bubble, comm, host, steady, step_memory
+from ablate.metrics import bubble, counting, host, steady, step_memory
 from ablate.metrics.collectors import CollectorFailed
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED
@@ -253,7 +253,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
         check_runnable(cfg, env.device)
         layout = layout_of(cfg, env)
         mesh = build_mesh(layout, env.device.type)
-        predicted = here.after_joining(cfg, env.rank, *free, lambda o: comm.all_gather_object(o, env)) \
+        predicted = here.after_joining(cfg, env.rank, *free, lambda o: counting.all_gather_object(o, env)) \
             if env.device.type == "cpu" else None
         with library_output_to_log(run_dir):     # DeepSpeed's op builds and messages, compiler lines
             facts, strategy, blocks = build(cfg, env, layout, mesh)
@@ -275,7 +275,7 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
                    "activation_bytes": loop.activation_bytes, **loop.memory_record()}
         collected = loop.collected.totals()
         stopped = stopped or loop.collected.failure()   # a collector's summary() that raised: said after the summary
-        per_rank = comm.all_gather_object(rank_record(env, summary, strategy, loop), env)
+        per_rank = counting.all_gather_object(rank_record(env, summary, strategy, loop), env)
         strategy.close()
         if env.is_main:
             summary.update(run_record(cfg, run_dir, choices, resolved, applied_env, resumed, facts, strategy, layout,
@@ -283,6 +283,8 @@ def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str
             loop.collected.into_summary(summary, collected)
             tracker.finish(summary, exit_code=1 if stopped else 0)
             print_summary(summary)
+        if isinstance(stopped, Diverged):   # (decided alike on every rank): none leaves before rank 0 wrote the
+            distributed.barrier()           # summary, or the launcher would stop rank 0 as it writes it
         if stopped is not None:
             raise stopped
         clean = True
