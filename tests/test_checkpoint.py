@@ -118,3 +118,17 @@ def test_a_resume_with_another_seed_or_sequence_length_lists_them():   # in proc
     now = {"train": {"steps": 20, "seed": 2, "seq_len": 128}, "parallel": {"name": "ddp"}}
     assert check_resumable(saved, now, step=10, world=1, saved_world=1) == {
         "train.seed": [1, 2], "train.seq_len": [64, 128]}
+
+
+def test_a_signal_at_the_last_step_says_the_run_is_complete_not_how_to_resume(tmp_path):   # in process, ~0 s
+    import signal
+
+    import torch
+
+    from ablate.train.signals import stopped
+
+    (tmp_path / "checkpoint").mkdir()
+    for step, said in ((20, "the run is complete (step 20 of 20"), (12, "continue with train.resume=")):
+        torch.save({"step": step, "config": {"train": {"steps": 20}}}, tmp_path / "checkpoint" / "meta.pt")
+        line = stopped(signal.SIGINT, tmp_path)
+        assert said in line and ("train.resume" in line) == (step < 20), line

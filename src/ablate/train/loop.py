@@ -234,6 +234,7 @@ class Loop:
             raise checkpoint.Preempted(self.preemption.signum, step)
         if every and (step % every == 0 or step == last):
             self.save(step)
+            self.preemption.check_after(step)   # (a stop signal that came during the save: acted on at the next step)
 
     def save(self, step: int) -> None:
         """A checkpoint, only of a step whose weights and loss were finite on every rank (else the previous

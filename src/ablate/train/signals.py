@@ -24,8 +24,12 @@ def stopped(signum: int, run_dir: Path, cause: str = "") -> str:
     meta = run_dir / DIRNAME / "meta.pt"
     if not meta.is_file():
         return f"{name} before a checkpoint was written; nothing to continue from in {run_dir}"
-    step = read_meta(meta.parent)["step"]
-    return f"{name}: checkpoint at step {step} in {meta.parent}; continue with train.resume={run_dir}"
+    meta = read_meta(meta.parent)
+    step, last = meta["step"], ((meta.get("config") or {}).get("train") or {}).get("steps")
+    if last is not None and step >= last:   # (the signal came as the last step ended: a resume has nothing to do)
+        return f"{name} as its last step ended: the run is complete (step {step} of {last}, checkpoint in " \
+               f"{run_dir / DIRNAME}); nothing to continue"
+    return f"{name}: checkpoint at step {step} in {run_dir / DIRNAME}; continue with train.resume={run_dir}"
 
 
 ORPHANED = "the launching process was killed (its ranks stopped by themselves)"
@@ -190,6 +194,11 @@ class Preemption:
             self.signum = signum
         self.orphaned = bool(orphaned)
         return bool(signum)
+
+    def check_after(self, step: int) -> None:
+        """After a pause every rank takes at the same step (a checkpoint's save): agree at the next step, since the
+        pause may have held a stop signal for longer than a check's interval already."""
+        self.next_check = min(self.next_check, step + 1)
 
     def steps_to_next_check(self, step: int) -> int:
         """This rank's proposal: as many steps as it ran in AGREE_EVERY_S since the last check (1 to 100)."""
