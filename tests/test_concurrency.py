@@ -110,7 +110,7 @@ def test_a_sweep_survives_a_second_call_a_crash_and_ctrl_c_and_runs_nothing_twic
     third = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and third.stdout.count("finished in an earlier call: kept") == 4
     fewer = subprocess.run(cmd[:5] + ["1"] + cmd[6:], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert fewer.returncode == 2 and "holds another call's runs" in fewer.stderr
+    assert fewer.returncode == 2 and "plan.json is another call's plan" in fewer.stderr
 
 
 @pytest.mark.slow

@@ -98,7 +98,34 @@ def test_more_repeats_extend_a_sweeps_dir_and_fewer_are_refused(tmp_path):
     assert claim_dir(tmp_path, plan(1)) == ""
     assert claim_dir(tmp_path, plan(2)) == ""
     assert len(json.loads((tmp_path / PLAN_FILE).read_text())) == 4
-    assert "holds another call's runs" in claim_dir(tmp_path, plan(1))
+    said = claim_dir(tmp_path, plan(1))
+    assert "its plan.json is another call's plan (4 runs there, 2 here" in said, said
+    (tmp_path / PLAN_FILE).write_text(json.dumps([{"sweep": "c3_no_sync", "overrides": ["parallel=ddp"], "repeat": 0}]))
+    assert 'run 1 there is {"sweep": "c3_no_sync", "overrides": ["parallel=ddp"]' in claim_dir(tmp_path, plan(1))
+
+
+def test_a_finished_run_that_is_not_the_plans_is_set_aside_and_run_again(tmp_path):   # in process, ~0 s
+    """A sweep dir's run whose config.yaml says parallel=ddp where the plan has ddp_sync (put there by hand): named
+    on its line, set aside (the report skips it), run again; the plan's own finished run is kept."""
+    import yaml
+
+    from ablate.report.runs import find
+    from ablate.sweeps.runner import resume_point
+
+    run = tmp_path / "c3_no_sync" / "001_r0_parallel-ddp_sync"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"parallel": {"name": "ddp"}, "train": {"steps": 12},
+                                                     "optim": {"lr": 0.0003}, "sweep": {"repeat": 0}}))
+    (run / "summary.json").write_text(json.dumps({"kind": "run", "steps": 12}))
+    plan = ["parallel=ddp_sync", "+sweeps=c3_no_sync", "optim.lr=3e-4", "train.steps=12"]
+    said = resume_point(run, plan, 0)
+    assert said == ("finished in an earlier call, but its config.yaml has parallel=ddp where the plan has ddp_sync: "
+                    "set aside as 001_r0_parallel-ddp_sync.other-1, and run again"), said
+    assert not run.exists() and find([tmp_path]) == ([], [])
+    aside = run.with_name(run.name + ".other-1")
+    aside.rename(run)
+    assert resume_point(run, ["parallel=ddp", "optim.lr=3e-4", "train.steps=12"], 0) == \
+        "finished in an earlier call: kept"
 
 
 def test_an_invalid_figure_feeds_nothing_and_says_why():

@@ -17,6 +17,13 @@ def run_dir_of(root: Path, i: int, name: str, r: int, label: str) -> Path:
 
 
 PLAN_FILE = "plan.json"   # an ablate.sweeps call's runs, in order (sweeps/runner.py)
+# a planned run's dir that a later call set aside (kept, never deleted) before running it again: one that did not
+# finish (`<dir>.incomplete-N`), or a finished one whose config.yaml is not the plan's run (`<dir>.other-N`)
+SET_ASIDE = (".incomplete-", ".other-")
+
+
+def set_aside(run_dir: Path) -> bool:
+    return any(mark in run_dir.name for mark in SET_ASIDE)
 
 
 def missing(dirs: List[Path]) -> List[str]:
@@ -30,7 +37,7 @@ def missing(dirs: List[Path]) -> List[str]:
             continue
         for i, run in enumerate(plan if isinstance(plan, list) else [], 1):
             done = [p for p in (Path(d) / str(run.get("sweep"))).glob(f"{i:03d}_r{run.get('repeat')}_*")
-                    if ".incomplete-" not in p.name and record.exists(p)]
+                    if not set_aside(p) and record.exists(p)]
             if not done:
                 out.append(f"{run.get('sweep')} #{i}, repeat {run.get('repeat')}: "
                            f"{' '.join(run.get('overrides') or []) or '(the sweep as it is)'}")
@@ -56,6 +63,6 @@ def failed(dirs: List[Path]) -> Dict[str, List[Tuple[Path, str]]]:
     out: Dict[str, List[Tuple[Path, str]]] = {}
     for d in dirs:
         for note in sorted(Path(d).glob(f"*/*/{FAILED_FILE}")):
-            if not record.exists(note.parent) and ".incomplete-" not in note.parent.name:
+            if not record.exists(note.parent) and not set_aside(note.parent):
                 out.setdefault(note.parent.parent.name, []).append((note.parent, note.read_text().strip()))
     return out

@@ -15,6 +15,7 @@ import yaml
 
 from ablate.config import record
 from ablate.config.dims import label as mesh_label
+from ablate.report.plan import set_aside
 
 # keys that never make two runs different arms: repeat axes, bookkeeping, where files go
 NOT_A_KNOB = ("hydra", "logger", "sweep", "train.seed", "train.resume", "metrics.peak_cache",
@@ -147,7 +148,7 @@ def find(dirs: List[Path]) -> Tuple[List[Run], List[Path]]:
     for d in dirs:
         for config_path in sorted(Path(d).rglob("config.yaml")):
             run_dir = config_path.parent
-            if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN or ".incomplete-" in run_dir.name:
+            if run_dir.name == ".hydra" or set(run_dir.parts) & NOT_A_RUN or set_aside(run_dir):
                 continue   # (a run a later call of its sweep set aside and ran again: ablate.sweeps)
             if run_dir.resolve() in seen:
                 continue

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import yaml
+
 from ablate.config import ConfigError, record
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
@@ -48,12 +50,13 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
         run_dir = run_dir_of(root, i, name, r, label)
         done[str(run_dir)] = (name, combo, r)
         title = f"[{i}/{len(runs) + first - 1}] {name} {label} r{r}"
-        kept = resume_point(run_dir)
+        kept = resume_point(run_dir, combo, r)
         if kept:
             print(f"{title}: {kept}", flush=True)
             if kept.startswith("still running"):
                 failed.append(f"{name} {label} r{r} ({kept})")
-            continue
+            if not kept.startswith(OTHER_RUN):
+                continue
         if steps:
             steps.requeue_if_warned(title)
         if wait_quiet:
@@ -119,21 +122,63 @@ def say(title: str, result, run_dir: Path, tail: str = "") -> None:
 RERUN_SUFFIX = "_rerun"
 
 
-def resume_point(run_dir: Path) -> str:
-    """A run dir from an earlier call of this sweep: '' (run it), or why it is not run now. A finished run is
-    kept; one that did not finish is set aside as <dir>.incomplete-N (never deleted) and run again; one a
-    live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
+OTHER_RUN = "finished in an earlier call, but"
+
+
+def resume_point(run_dir: Path, combo: List[str], repeat: int) -> str:
+    """A run dir from an earlier call of this sweep: '' (run it), or what is done with it, said on the run's line. A
+    finished run is kept, if its config.yaml is the plan's run; one that is not (put there by hand, or by another
+    sweep), or that did not finish, is set aside as <dir>.other-N or <dir>.incomplete-N (never deleted) and run
+    again; one a live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
     if record.exists(run_dir):
-        return "finished in an earlier call: kept"
+        other = disagreement(run_dir, combo, repeat)
+        if not other:
+            return "finished in an earlier call: kept"
+        return f"{OTHER_RUN} {other}: set aside as {aside(run_dir, 'other').name}, and run again"
     if not run_dir.exists():
         return ""
     try:
         guards.check_unlocked(run_dir)
     except ConfigError:
         return "still running (another process holds it): not run again; rerun this command when it ends"
-    k = 1 + sum(1 for _ in run_dir.parent.glob(f"{run_dir.name}.incomplete-*"))
-    run_dir.rename(run_dir.with_name(f"{run_dir.name}.incomplete-{k}"))
+    aside(run_dir, "incomplete")
     return ""
+
+
+def aside(run_dir: Path, why: str) -> Path:
+    """Move a run dir out of its planned place, as <dir>.<why>-N (report/plan.py SET_ASIDE: the report skips it)."""
+    k = 1 + sum(1 for _ in run_dir.parent.glob(f"{run_dir.name}.{why}-*"))
+    return run_dir.rename(run_dir.with_name(f"{run_dir.name}.{why}-{k}"))
+
+
+def disagreement(run_dir: Path, combo: List[str], repeat: int) -> str:
+    """Where a finished run's config.yaml says other than its planned overrides ('' where it agrees with each it
+    records): a group's choice is its `name`, a key its value."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return "its config.yaml cannot be read"
+    for override in [*combo, f"sweep.repeat={repeat}"]:
+        key, sep, value = override.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key.split(".")[0] in ("hydra", "sweeps"):
+            continue
+        found = config
+        for part in key.split(".") if "." in key else (key, "name"):
+            found = found.get(part) if isinstance(found, dict) else None
+        want = yaml.safe_load(value)
+        if found is not None and not same(found, want):
+            return f"its config.yaml has {key}={found} where the plan has {value}"
+    return ""
+
+
+def same(a, b) -> bool:
+    if a == b or str(a).lower() == str(b).lower():
+        return True
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def claim_dir(root: Path, runs) -> str:
@@ -155,8 +200,9 @@ def claim_dir(root: Path, runs) -> str:
             print(f"--dir {root}: adding {len(plan) - len(earlier)} run(s) to the {len(earlier)} of an earlier call "
                   "(more repeats of the same plan)", flush=True)
             return ""
-        return (f"--dir {root} holds another call's runs (a different sweep, fewer repeats or other overrides); "
-                f"choose another folder, or repeat that call's command to continue it")
+        return (f"--dir {root}: its {PLAN_FILE} is another call's plan ({first_difference(earlier, plan)}: a "
+                "different sweep, fewer repeats, other overrides, or the file edited); choose another folder, or "
+                "repeat that call's command to continue it")
     if root.exists() and any(root.rglob("metrics.jsonl")):
         return (f"--dir {root} already holds runs; choose another folder "
                 f"(python -m ablate.report {root} reports on them)")
@@ -166,6 +212,16 @@ def claim_dir(root: Path, runs) -> str:
     except OSError as e:   # read-only, no permission, full
         return f"--dir {root}: cannot be written ({e.strerror or type(e).__name__}); choose another folder"
     return ""
+
+
+def first_difference(earlier, plan: List[Dict]) -> str:
+    """Where a folder's plan.json and this call's plan part, in words."""
+    if not isinstance(earlier, list):
+        return f"it holds a {type(earlier).__name__}, not a list of runs"
+    for i, (was, now) in enumerate(zip(earlier, plan), 1):
+        if was != now:
+            return f"run {i} there is {json.dumps(was)[:120]}, here {json.dumps(now)[:120]}"
+    return f"{len(earlier)} runs there, {len(plan)} here"
 
 
 def mark_rerun(original: Path, rerun: Path, reason: str) -> None:
