@@ -138,3 +138,21 @@ def test_ctrl_c_to_a_multirun_reaches_its_job_and_the_same_command_finishes_the_
     assert {p: p.stat().st_mtime for p in first.rglob("*") if p.is_file()} == kept    # the first job untouched
     resumed = json.loads((second / "summary.json").read_text())
     assert resumed["steps"] == 200 and resumed["resumed_from_step"] > 0
+
+
+def test_a_childs_output_outlives_its_driver_killed_with_minus_9(tmp_path):
+    """A driver (ablate.sweeps, tune, maxbatch) killed outright leaves its child running in its own session: the
+    child's lines go to a file, not a pipe with no reader, so it writes on and finishes (a real driver process
+    and a 3-second child, ~4 s). A sweep's next call then waits for that run and keeps it."""
+    done = tmp_path / "done"
+    child = (f"import sys, time\nfor i in range(30):\n    print('line', i, file=sys.stderr, flush=True)\n"
+             f"    time.sleep(0.1)\nopen({str(done)!r}, 'w').write('finished')\n")
+    driver = subprocess.Popen([sys.executable, "-c", "import sys; from ablate.launcher import group; "
+                               f"group.run([sys.executable, '-c', {child!r}])"], start_new_session=True)
+    time.sleep(1.0)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 20
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert done.exists() and done.read_text() == "finished"

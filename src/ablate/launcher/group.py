@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -73,26 +74,37 @@ def run(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: Optional[
         on_terminal: bool = False) -> subprocess.CompletedProcess:
     """`cmd` in its own process group, to its end or its timeout (then exit 124, "timed out after N s" in its
     stderr); stdout kept only when asked (a run's console table is in its directory); `on_terminal`: both
-    streams go where the caller's go (a -m job's progress and summary), nothing kept."""
-    streams = dict(stdout=None, stderr=None) if on_terminal else \
-        dict(stdout=subprocess.PIPE if keep_stdout else subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(cmd, text=True, env=env, start_new_session=True, **streams)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except KeyboardInterrupt:
-        stop(proc, signal.SIGINT, then)
-    except Interrupted as e:
-        stop(proc, e.signum, then)
-    except subprocess.TimeoutExpired:
-        _kill_after_timeout(proc, grace_s)
-        out, err = proc.communicate()
-        return subprocess.CompletedProcess(cmd, 124, out, f"{err or ''}\ntimed out after {timeout:.0f} s")
-    except BaseException:   # anything else ends the caller: the child must not outlive it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    streams go where the caller's go (a -m job's progress and summary), nothing kept. What is kept goes through
+    unlinked files, not pipes: a child whose caller is killed outright (kill -9) writes on and finishes its run,
+    where a pipe with no reader would end it at its next line (BrokenPipeError)."""
+    with tempfile.TemporaryFile("w+", errors="replace") as out_file, \
+            tempfile.TemporaryFile("w+", errors="replace") as err_file:
+        streams = dict(stdout=None, stderr=None) if on_terminal else \
+            dict(stdout=out_file if keep_stdout else subprocess.DEVNULL, stderr=err_file)
+        proc = subprocess.Popen(cmd, text=True, env=env, start_new_session=True, **streams)
+
+        def kept(file) -> Optional[str]:
+            if on_terminal or (file is out_file and not keep_stdout):
+                return None
+            file.seek(0)
+            return file.read()
+        try:
+            proc.wait(timeout=timeout)
+        except KeyboardInterrupt:
+            stop(proc, signal.SIGINT, then)
+        except Interrupted as e:
+            stop(proc, e.signum, then)
+        except subprocess.TimeoutExpired:
+            _kill_after_timeout(proc, grace_s)
+            proc.wait()
+            return subprocess.CompletedProcess(cmd, 124, kept(out_file),
+                                               f"{kept(err_file) or ''}\ntimed out after {timeout:.0f} s")
+        except BaseException:   # anything else ends the caller: the child must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, kept(out_file), kept(err_file))
 
 
 def run_ablate(args: List[str], run_dir: Path, module: str = "ablate", prefix: Sequence[str] = (),

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from ablate.config import ConfigError, record
+from ablate.config import record
 from ablate.launcher import group
 from ablate.launcher.script import STEP_GRACE_S
 from ablate.metrics import host
@@ -53,8 +53,6 @@ def run_all(runs, root: Path, extra: List[str], extra_env=None, run_timeout: Opt
         kept = resume_point(run_dir, combo, r)
         if kept:
             print(f"{title}: {kept}", flush=True)
-            if kept.startswith("still running"):
-                failed.append(f"{name} {label} r{r} ({kept})")
             if not kept.startswith(OTHER_RUN):
                 continue
         if steps:
@@ -129,7 +127,8 @@ def resume_point(run_dir: Path, combo: List[str], repeat: int) -> str:
     """A run dir from an earlier call of this sweep: '' (run it), or what is done with it, said on the run's line. A
     finished run is kept, if its config.yaml is the plan's run; one that is not (put there by hand, or by another
     sweep), or that did not finish, is set aside as <dir>.other-N or <dir>.incomplete-N (never deleted) and run
-    again; one a live process still writes into (a driver killed with -9 leaves its child running) is left alone."""
+    again; one a live process still writes into (a driver killed with -9 leaves its child running, which finishes
+    its run) is waited for, then kept or set aside as any other."""
     if record.exists(run_dir):
         other = disagreement(run_dir, combo, repeat)
         if not other:
@@ -137,10 +136,11 @@ def resume_point(run_dir: Path, combo: List[str], repeat: int) -> str:
         return f"{OTHER_RUN} {other}: set aside as {aside(run_dir, 'other').name}, and run again"
     if not run_dir.exists():
         return ""
-    try:
-        guards.check_unlocked(run_dir)
-    except ConfigError:
-        return "still running (another process holds it): not run again; rerun this command when it ends"
+    waited = guards.wait_for_holder(run_dir, lambda pid: print(
+        f"{run_dir.name}: still running (pid {pid}: an earlier call's run, its driver gone); waiting for it to end "
+        "(Ctrl-C stops the waiting, not the run)", flush=True))
+    if waited is not None:   # it ended: finished (kept), or not (set aside below)
+        return resume_point(run_dir, combo, repeat)
     aside(run_dir, "incomplete")
     return ""
 

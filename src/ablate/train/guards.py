@@ -98,6 +98,31 @@ def check_unlocked(run_dir: Path) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def wait_for_holder(run_dir: Path, said) -> Optional[int]:
+    """Wait until the live process that holds run_dir's lock ends (an orphan a driver killed with -9 left going,
+    which goes on to finish its run), after `said(pid)` tells whoever waits; the pid it was, or None if none held
+    it. Ctrl-C ends the wait (the run goes on)."""
+    try:
+        handle = open(run_dir / LOCK_FILE)
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+        except OSError:
+            pass
+        try:
+            pid = int(handle.read().strip() or 0)
+        except ValueError:
+            pid = 0
+        said(pid)
+        fcntl.flock(handle, fcntl.LOCK_EX)   # (blocks until the holder's process ends or releases it)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return pid
+
+
 def stop_holder(run_dir: Path, grace_s: float = 10.0) -> Optional[int]:
     """End the live process that holds run_dir's lock (an orphan: a driver killed with -9 leaves its child run
     going), its whole process group, SIGTERM then SIGKILL after `grace_s`; the pid it was, or None if none held
