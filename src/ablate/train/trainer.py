@@ -245,9 +245,9 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
 def run(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices: Dict[str, str],
         applied_env: Dict[str, object]) -> Optional[Dict[str, object]]:
     """Train on this rank; rank 0 returns the summary (other ranks return None)."""
+    route_library_logs(run_dir, ranks.rank_env().rank)   # (before the free step: its libraries' lines go there too)
     free = free_step_before_joining(cfg, run_dir)
     env = distributed.setup(cfg.train.device, need_group=parallel.choice(cfg.parallel.name).needs_group)
-    route_library_logs(run_dir, env.rank)
     clean = False
     try:
         check_runnable(cfg, env.device)
