@@ -53,6 +53,22 @@ def test_which_dims_cross_nodes_follows_the_row_major_mesh():
     assert [crosses_nodes(s, d) for d in ("tp", "dp_shard", "dp_replicate", "pp")] == [False, False, True, True]
 
 
+def test_a_group_across_nodes_gets_one_nic_per_rank_a_node_and_hsdps_replicas_one():
+    """nccl-tests' multi-node rings run rail to rail: 8 ranks a node of one FSDP group cross on 8 NICs; HSDP's
+    replicate dim, one rank a node, on one; never more than the node's own bandwidth."""
+    fsdp = step(strategy="fsdp2", sizes={**ONE, "dp_shard": 64}, comm_bytes={"dp_shard": 64e9})
+    p = predict(fsdp, MACHINE)   # 8 x 10e9 = 80e9 < 100e9 within a node
+    assert p["comm_s"]["dp_shard"] == pytest.approx(64e9 * (63 / 64) / 80e9)
+    hsdp = step(strategy="hsdp", sizes={**ONE, "dp_replicate": 8, "dp_shard": 8},
+                comm_bytes={"dp_replicate": 8e9, "dp_shard": 8e9})
+    p = predict(hsdp, MACHINE)
+    assert p["comm_s"]["dp_replicate"] == pytest.approx(8e9 * 2 * (7 / 8) / 10e9)   # one NIC
+    assert p["comm_s"]["dp_shard"] == pytest.approx(8e9 * (7 / 8) / 100e9)          # within the node
+    fast = Machine(rate={"bf16": 100e12}, peak={"bf16": 200e12}, intra_bytes_per_s=100e9, inter_bytes_per_s=50e9,
+                   rate_source="fixed", name="fast nics")
+    assert predict(fsdp, fast)["comm_s"]["dp_shard"] == pytest.approx(64e9 * (63 / 64) / 100e9)   # capped
+
+
 def test_a_pipelines_bubble_stretches_its_compute_and_unknowns_stay_unknown():
     p = predict(step(sizes={**ONE, "pp": 2}, bubble=0.2, comm_bytes={"pp": None}), MACHINE)
     assert p["step_time_s"] == pytest.approx(1.0 / 0.8) and p["bubble_s"] == pytest.approx(0.25)

@@ -7,7 +7,7 @@ Per optimizer step and rank:
 - communication per mesh dim = the comm model's bytes (parallel/comm_model.py: full buffers, as counted) x the
   collective's bus factor (nccl-tests' convention: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, a
   pipeline's sends 1) / the bus bandwidth of the link the dim crosses: within a node, or across nodes when its
-  ranks span more than one node's (ranks laid out row-major, mesh.py);
+  ranks span more than one node's (ranks laid out row-major, mesh.py), one NIC per rank of the group on a node;
 - what of it is exposed, as each strategy schedules it: FSDP2/HSDP/ZeRO's gathers and reduce-scatters run a block
   ahead, behind the compute, all but the first gather and the last reduce-scatter (one unit's of the blocks + the
   root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute); tensor
@@ -77,10 +77,28 @@ def strides(sizes: Dict[str, int]) -> Dict[str, int]:
     return out
 
 
+def per_node(step: Step, dim: str) -> int:
+    """How many of a dim's group's ranks share one node (row-major ranks: its stride and size against the node's)."""
+    stride, size = step.strides[dim], step.sizes[dim]
+    return 1 if stride >= step.nproc_per_node else max(1, min(size, step.nproc_per_node // stride))
+
+
+def link_bytes_per_s(step: Step, dim: str, machine: Machine) -> Optional[float]:
+    """The bus bandwidth a dim's collectives get: within a node, the node's; across nodes, one NIC per rank of the
+    group on each node (NCCL's rings run one per NIC, rail to rail: a group of 8 ranks a node uses 8 NICs, HSDP's
+    replicate dim with one rank a node uses one), at most the node's own bandwidth."""
+    if not crosses_nodes(step, dim):
+        return machine.intra_bytes_per_s
+    if not machine.inter_bytes_per_s:
+        return None
+    nics = machine.inter_bytes_per_s * per_node(step, dim)
+    return min(nics, machine.intra_bytes_per_s) if machine.intra_bytes_per_s else nics
+
+
 def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
     out: Dict[str, Optional[float]] = {}
     for dim, nbytes in step.comm_bytes.items():
-        link = machine.inter_bytes_per_s if crosses_nodes(step, dim) else machine.intra_bytes_per_s
+        link = link_bytes_per_s(step, dim, machine)
         out[dim] = None if nbytes is None or not link else nbytes * BUS_FACTOR[dim](step.sizes[dim]) / link
     return out
 
@@ -170,8 +188,19 @@ def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks
     """One optimizer step of the run `cfg` asks for on `layout`: a device's share of its replica's FLOPs (the FLOP
     model's, recompute included), the comm model's bytes, the pipeline's expected bubble."""
     t = cfg.train
-    tokens = t.batch_size * t.seq_len * t.grad_accum   # one replica's, per optimizer step
+    tokens = replica_tokens(cfg)
     per_replica = flops.training(tokens, tokens * t.seq_len)
     return Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks, comm_bytes,
-                tokens * layout.dp, n_blocks, layout.record(), cfg.launcher.nproc_per_node, cfg.parallel.name,
+                global_tokens(cfg, layout), n_blocks, layout.record(), cfg.launcher.nproc_per_node, cfg.parallel.name,
                 numerics(cfg.precision.name).peak_column, expected_of(cfg.parallel))
+
+
+def replica_tokens(cfg) -> int:
+    """The tokens one model replica (a data-parallel rank's tp and pp group) trains on per optimizer step."""
+    t = cfg.train
+    return t.batch_size * t.seq_len * t.grad_accum
+
+
+def global_tokens(cfg, layout) -> int:
+    """The tokens the whole job trains on per optimizer step: every data-parallel replica's."""
+    return replica_tokens(cfg) * layout.dp

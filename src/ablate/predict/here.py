@@ -42,7 +42,7 @@ from ablate.model import build as build_model
 from ablate.model.contract import vocab_size_of
 from ablate.model.facts import declared_vocab
 from ablate.parallel.mesh import build_mesh
-from ablate.predict import collectives
+from ablate.predict import collectives, global_tokens
 from ablate.predict.together import Together
 
 
@@ -93,46 +93,9 @@ def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, L
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
     strategy, meet = None, Together(together, layout.world) if together else None
     try:
-        mesh = build_mesh(layout, "cpu")
-        torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, "cpu")
-        vocab = vocab_size_of(model.net) or declared_vocab(cfg.model)
-        strategy = parallel.build(cfg, model, torch.device("cpu"), layout, mesh)
-        # the run's own loader (conf/dataloader, conf/data): its batches cost what they cost the run
-        feeder = DeviceFeeder(build_loader(cfg.train, cfg.dataloader, cfg.data, vocab, layout.dp_rank(rank),
-                                           layout.dp, 0, torch.device("cpu")), cfg.dataloader, torch.device("cpu"))
-
-        def step():
-            for micro in range(cfg.train.grad_accum):
-                x, y = next(feeder)
-                with strategy.micro_step(last=micro == cfg.train.grad_accum - 1):
-                    with strategy.autocast():
-                        loss = strategy.model(x, y)
-                    strategy.backward(loss / cfg.train.grad_accum)
-            strategy.step()
-
-        if meet:
-            meet.arrive()
-        for _ in range(WARM_STEPS):
-            step()
-        times, load = [], HostLoad()
-        load.start()
-        while len(times) < MAX_STEPS and (len(times) < TIMED_STEPS or sum(times) < TIMED_S):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        on_host = {**load.rank_figures(), "host": socket.gethostname()}
-        if meet:   # the cores as busy as the run's ranks keep them, until the slowest rank is timed
-            done = meet.timed()
-            while meet.waiting(done):
-                step()
-        strategy.comm.log = []   # the run's own counter (metrics/comm.py): DTensor's collectives too
-        started = time.perf_counter()
-        step()
-        sizes, at = layout.record(), [started] + [entry[3] for entry in strategy.comm.log]
-        calls = [Call(kind_of(called), nbytes, sizes.get(dim, layout.world), dim, after_s=at[i + 1] - at[i])
-                 for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
-        return statistics.median(times), calls, on_host
+        strategy, step = rank_step(cfg, rank, layout)
+        seconds, on_host = timed(step, meet)
+        return seconds, calls_of(step, strategy, layout), on_host
     finally:
         if meet:
             meet.leave()
@@ -141,6 +104,61 @@ def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, L
         torch.set_num_threads(threads)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rank_step(cfg, rank: int, layout):
+    """(the strategy, one optimizer step of this rank): its model, strategy and mesh on the fake group joined, its
+    batches from the run's own loader (conf/dataloader, conf/data: they cost what they cost the run)."""
+    mesh = build_mesh(layout, "cpu")
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, "cpu")
+    vocab = vocab_size_of(model.net) or declared_vocab(cfg.model)
+    strategy = parallel.build(cfg, model, torch.device("cpu"), layout, mesh)
+    feeder = DeviceFeeder(build_loader(cfg.train, cfg.dataloader, cfg.data, vocab, layout.dp_rank(rank), layout.dp,
+                                       0, torch.device("cpu")), cfg.dataloader, torch.device("cpu"))
+
+    def step():
+        for micro in range(cfg.train.grad_accum):
+            x, y = next(feeder)
+            with strategy.micro_step(last=micro == cfg.train.grad_accum - 1):
+                with strategy.autocast():
+                    loss = strategy.model(x, y)
+                strategy.backward(loss / cfg.train.grad_accum)
+        strategy.step()
+    return strategy, step
+
+
+def timed(step, meet: Optional[Together]) -> Tuple[float, Dict[str, object]]:
+    """The step's median time and the host's CPU over the timed steps; with other ranks (`meet`), timed once every
+    rank has built its step, and stepped on untimed until the slowest is timed (the cores as busy as the run's
+    ranks will keep them)."""
+    if meet:
+        meet.arrive()
+    for _ in range(WARM_STEPS):
+        step()
+    times, load = [], HostLoad()
+    load.start()
+    while len(times) < MAX_STEPS and (len(times) < TIMED_STEPS or sum(times) < TIMED_S):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    on_host = {**load.rank_figures(), "host": socket.gethostname()}
+    if meet:
+        done = meet.timed()
+        while meet.waiting(done):
+            step()
+    return statistics.median(times), on_host
+
+
+def calls_of(step, strategy, layout) -> List[Call]:
+    """The collectives one step makes, as the run's own counter sees them (metrics/counting.py: DTensor's too),
+    each with the compute before it."""
+    strategy.comm.log = []
+    started = time.perf_counter()
+    step()
+    sizes, at = layout.record(), [started] + [entry[3] for entry in strategy.comm.log]
+    return [Call(kind_of(called), nbytes, sizes.get(dim, layout.world), dim, after_s=at[i + 1] - at[i])
+            for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
 
 
 def _rank(rank: int, cfg, together: Path, out) -> None:
@@ -162,6 +180,7 @@ def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call], Dict[str, 
 
 
 def refusal(cfg) -> Optional[str]:
+    """Why this machine predicts no step of the run `cfg` asks for (None: it does)."""
     if cfg.launcher.nodes > 1:
         return "not predicted here: several nodes (this machine is one)"
     if cfg.parallel.pp > 1:
@@ -190,7 +209,7 @@ def combine(cfg, seconds_by_rank: List[float], calls: List[Call], table, hosts: 
         comm[c.dim] = comm.get(c.dim, 0.0) + collectives.cost(table, c.kind, c.nbytes, c.group, c.after_s)
         calls_by_dim[c.dim] = calls_by_dim.get(c.dim, 0) + 1
     total = compute + sum(comm.values())
-    tokens = cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum * parallel.layout_of(cfg).dp
+    tokens = global_tokens(cfg, parallel.layout_of(cfg))
     return {"step_time_s": total, "tokens_per_s": tokens / total, "mfu": None, "compute_s": compute,
             "compute_s_by_rank": list(seconds_by_rank), "bubble_s": 0.0, "comm_s": comm,
             "exposed_comm_s": comm, "calls": calls_by_dim,
@@ -220,11 +239,17 @@ def predict(cfg, cache: Optional[str] = None) -> Dict[str, object]:
 OFF = "not predicted: metrics.predict=false (`python -m ablate.plan --hardware here` with the run's overrides)"
 
 
+def not_predicted(cfg) -> Optional[str]:
+    """Why a run predicts no step of its own (the knob off, or one this machine cannot predict); None: it does. The
+    config alone decides, so every rank decides alike, before joining and after."""
+    return OFF if not cfg.metrics.predict else refusal(cfg)
+
+
 def before_joining(cfg, rank: int, together: Optional[Path]) -> Tuple[Optional[Tuple[float, List[Call], Dict]],
                                                                       Optional[str]]:
     """This rank's free step, or None and why not (metrics.predict off; a run this model cannot predict; a model
     whose step fails on a fake group: a prediction never stops a run that can train)."""
-    why = OFF if not cfg.metrics.predict else refusal(cfg)
+    why = not_predicted(cfg)
     if why:
         return None, why
     try:
@@ -239,7 +264,7 @@ def before_joining(cfg, rank: int, together: Optional[Path]) -> Tuple[Optional[T
 def after_joining(cfg, rank: int, free, why: Optional[str], all_gather) -> Optional[Dict[str, object]]:
     """Rank 0's prediction from every rank's free step (`all_gather`: the run's object gather, which every rank
     calls where the run predicts: the config alone decides it), or why there is none; the other ranks' None."""
-    if not cfg.metrics.predict or refusal(cfg):
+    if not_predicted(cfg):
         return {"step_time_s": None, "why": why}
     gathered = all_gather((free[0], free[2], why) if free else (None, None, why))
     failed = [w for seconds, _, w in gathered if seconds is None]
