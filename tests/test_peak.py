@@ -118,3 +118,24 @@ def test_the_plan_says_whether_the_peak_fits_a_gpu(tmp_path, capsys):
                                                                               - p["peak_bytes"])
     code = plan.main(["--hardware", "nosuch", "model=tiny"])
     assert code == 2 and "valid: a100_80gb, b200, h100_pcie, h100_sxm, h200" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=small", "model.activation_checkpointing=selective", "precision=bf16"],
+    ["model=small", "parallel=fsdp2", "launcher.nproc_per_node=2", "parallel.tp=2", "parallel.param_dtype=bf16"],
+])
+def test_the_built_in_llamas_activations_from_three_blocks_equal_all_of_them(overrides, monkeypatch):
+    """model/facts.py measures the built-in Llama's saved tensors on three blocks and repeats the middle one; on
+    fake tensors, through all 12 blocks, every figure comes out the same (in process, ~2 s each)."""
+    from ablate.compose import validate
+    from ablate.model import facts
+
+    cfg = validate(compose_cfg(overrides))
+    short = facts.measure_facts(cfg)
+    monkeypatch.setattr(facts, "REPEATED_FROM", 10 ** 6)   # every block, as any other model is measured
+    whole = facts.measure_facts(cfg)
+    for key in ("numels", "vocab_size", "blocks", "activation_bytes", "split", "param_block"):
+        assert getattr(short, key) == getattr(whole, key), key
+    for key in ("bytes", "vocab_bytes", "by_block", "block_inputs", "kept_by_block", "copies_by_block",
+                "copies_outside"):
+        assert getattr(short.saved, key) == getattr(whole.saved, key), key
