@@ -125,9 +125,10 @@ def test_a_gpu_run_predicts_its_step_from_its_calibrated_rate_and_a_cpu_run_from
 
 @pytest.mark.slow
 def test_the_advisor_ranks_what_fits_and_its_sweep_runs(tmp_path, capsys):
-    """`ablate.plan --rank --hardware h100_sxm ... --write-sweep DIR/sweeps/adv.yaml --arms 2`, in process (~20 s:
-    144 layouts composed and planned), then the written sweep run by `ablate.sweeps --config-dir DIR adv` (2 runs of
-    4 ranks, 4 steps: +25 s)."""
+    """`ablate.plan --rank --hardware h100_sxm ... --write-sweep DIR/sweeps/adv.yaml --arms 2`, in process (~10 s:
+    336 layouts, the command composed once), then the written sweep run by `ablate.sweeps --config-dir DIR adv` (2
+    runs of 4 ranks, 4 steps: +25 s). Every layout trains the command's global batch; the sweep's arms are two
+    distinct meshes."""
     from ablate import plan
     from ablate.sweeps.__main__ import main as sweeps_main
     from conftest import drive_in_process
@@ -141,8 +142,19 @@ def test_the_advisor_ranks_what_fits_and_its_sweep_runs(tmp_path, capsys):
     assert whole and whole == sorted(whole, reverse=True) and ranked[:len(whole)] == [r for r in ranked
                                                                                     if not r["not_modelled"]]
     assert all(r["peak_bytes"] <= 80 * 2**30 for r in ranked) and out["left_out"]   # tp 4 and 8: tiny's kv heads
+    assert {r["global_batch"] for r in ranked} == {32} and all(0 < r["headroom"] < 1 for r in ranked)
+    assert any(r["mesh"]["pp"] > 1 for r in ranked) and all(r["bound"].split()[-1].endswith("%") for r in ranked)
+    import yaml
+
+    arms = yaml.safe_load(sweep.read_text())["sweep"]["arm_values"]
+    assert len({(a["name"], a["tp"], a["pp"]) for a in arms.values()}) == 2   # two layouts, not two of one
     assert drive_in_process(sweeps_main, ["--config-dir", str(tmp_path / "conf"), "adv", "--dir", str(tmp_path / "d"),
                                           "--", "logger=none", "train.steps=4", "train.warmup_steps=1"]) == 0
-    assert len(list((tmp_path / "d").glob("adv/*/summary.json"))) == 2
-    shown = (tmp_path / "d" / "report.md").read_text().split("| arm | predicted step |")   # each run's own
-    assert len(shown) == 2 and all(f"| {role} (" in shown[1] for role in ("baseline", "treatment"))
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "d").glob("adv/*/summary.json")]
+    assert len(summaries) == 2 and all(name in (tmp_path / "d" / "report.md").read_text() for name in arms)
+    # each run's own prediction, beside its measured step in the report; a pipeline's says why it has none here
+    for s in summaries:
+        assert s["predicted"] or "pipelines" in s["notes"]["predicted"], s["notes"].get("predicted")
+    predicted = [s for s in summaries if s["predicted"]]
+    shown = (tmp_path / "d" / "report.md").read_text().split("| arm | predicted step |")
+    assert len(shown) == (2 if predicted else 1)

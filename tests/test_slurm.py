@@ -186,12 +186,13 @@ def test_a_request_no_node_can_hold_is_refused_before_submitting(tmp_path, capsy
 
 
 def test_sbatch_refusing_the_job_is_one_line_and_leaves_no_run_dir(tmp_path, capsys):
-    """Unchecked, the default 8 GPUs per node reach sbatch, which refuses the gres on a cluster without GPUs."""
+    """Unchecked, a partition the cluster does not have reaches sbatch, which refuses it."""
     result = cli_in_process(capsys, ["launcher=slurm", "parallel=ddp", "launcher.check_cluster=false",
                                      "launcher.nodes=1", "launcher.nproc_per_node=2", "launcher.cpus_per_task=1",
+                                     "launcher.gpus_per_node=0", "launcher.partition=nosuch",
                                      f"hydra.run.dir={tmp_path}/run"])
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "sbatch refused the job: Invalid generic resource (gres) specification" in result.stderr
+    assert "sbatch refused the job: Batch job submission failed: Invalid partition name specified" in result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -13,6 +13,7 @@ Unknown flags are argparse's own refusal.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import tempfile
@@ -63,6 +64,10 @@ def _number(text: str) -> float:
     return value
 
 
+# a folder's refusals that are the disk's (read-only, no permission, full), which the commands say in their own line
+DISK_SAYS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
 def out_dir(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path: give a folder (it is made if missing)")
@@ -78,7 +83,9 @@ def out_dir(text: str) -> Path:
             try:   # it must take what is made in it (/proc does not, whatever its permissions say)
                 os.rmdir(tempfile.mkdtemp(prefix=".ablate-probe-", dir=parent))
             except OSError as e:
-                raise argparse.ArgumentTypeError(f"{text}: {parent} does not take a folder ({e.strerror})") from None
+                if e.errno not in DISK_SAYS:   # (a read-only or full disk: each command says so in its own words)
+                    raise argparse.ArgumentTypeError(f"{text}: {parent} does not take a folder ({e.strerror})") \
+                        from None
             break
     return path
 

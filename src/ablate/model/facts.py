@@ -106,44 +106,62 @@ def _plain(cfg):
 Saved = Tuple[SavedTensors, List[int], Optional[int], Dict[str, object], List[Optional[int]], str]
 
 
+REPEATED_FROM = 3   # the built-in Llama's activations are measured on this many blocks, then repeated (identical)
+_SAVED: Dict[str, Saved] = {}
+_SHAPES: Dict[str, Tuple[List[int], Dict[str, object], List[Optional[int]]]] = {}
+
+
 def saved_on_fake(cfg: AblateConfig, tp: int = 1) -> Saved:
     """(what one sequence's forward saves for backward, the parameters' sizes, the vocabulary, the blocks, each
-    parameter's block, how it was measured).
+    parameter's block, how it was measured), once per process for a model, sequence, precision and split (the
+    advisor's layouts differ in their batch, which one sequence's figures are multiplied by).
     On fake CPU tensors (FakeTensorMode: shapes and dtypes, no memory, no FLOPs): the attention kernel torch picks
     for a real tensor is the one measured (SDPA keeps no score matrix), in the run's precision (autocast). A model
     that cannot run on fake tensors is measured on the meta device (SDPA there keeps the seq^2 scores: an upper
     figure, said in `source`). `tp`: a user's model is measured as one of tp ranks under its plan
-    (parallel/tp_plan.py one_rank_of); the built-in Llama whole (activation_bytes divides its blocks)."""
+    (parallel/tp_plan.py one_rank_of); the built-in Llama whole (activation_bytes divides its blocks). The built-in
+    Llama's forward runs on three blocks, its middle block's figures repeated for the rest (its blocks are
+    identical: through the 80 blocks of a 70B model on fake tensors took 6 s, through 3 under 0.3 s;
+    tests/test_peak.py holds the two equal), its parameters from the whole model built on the meta device."""
+    key = repr((cfg.model, cfg.train.seq_len, cfg.precision.name, tp, cfg.parallel.vocab_parallel,
+                cfg.parallel.param_dtype))
+    if key in _SAVED:
+        return _SAVED[key]
+    model = cfg.model
+    if isinstance(model, ModelConfig) and model.n_layers > REPEATED_FROM:
+        saved, _, vocab, _, _, source = saved_on_fake(replace(cfg, model=replace(model, n_layers=REPEATED_FROM)), tp)
+        _SAVED[key] = (saved.repeated(model.n_layers), *shapes(_plain(model))[:1], vocab,
+                       *shapes(_plain(model))[1:], source)
+        return _SAVED[key]
     compute = numerics(cfg.precision.name).compute_dtype
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")   # logs each kernel that fails, traceback and all:
     level, fake_log.level = fake_log.level, logging.CRITICAL        # a model it cannot run is said once, below
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            return _forward(cfg, "cpu", compute, tp) + ("fake tensors, the run's attention and precision",)
+            _SAVED[key] = _forward(cfg, "cpu", compute, tp) + ("fake tensors, the run's attention and precision",)
     except ModelContractError:
         raise
     except Exception:   # a model fake tensors cannot run (data-dependent shapes): the meta device, no autocast
-        return _forward(cfg, "meta", None, tp) + ("meta device, float32 (this model does not run on fake tensors)",)
+        _SAVED[key] = _forward(cfg, "meta", None, tp) + \
+            ("meta device, float32 (this model does not run on fake tensors)",)
     finally:
         fake_log.setLevel(level)
+    return _SAVED[key]
 
 
-REPEATED_FROM = 3   # the built-in Llama's activations are measured on this many blocks, then repeated (identical)
+def shapes(model_cfg) -> Tuple[List[int], Dict[str, object], List[Optional[int]]]:
+    """(its parameters' sizes, its blocks, each parameter's block) of a model built on the meta device, once per
+    process for a model."""
+    key = repr(model_cfg)
+    if key not in _SHAPES:
+        lm = build(model_cfg, "meta")
+        block_of = {id(p): i for i, block in enumerate(lm.blocks.modules) for p in block.parameters()}
+        _SHAPES[key] = ([p.numel() for p in lm.parameters()], lm.blocks.record(),
+                        [block_of.get(id(p)) for p in lm.parameters()])
+    return _SHAPES[key]
 
 
 def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple:
-    """The model's forward on `device`, what it saved; the built-in Llama's on three blocks, its middle block's
-    figures repeated for the rest (its blocks are identical: a forward through 80 blocks of a 70B model on fake
-    tensors took 6 s, through 3 under 0.3 s; tests/test_peak.py holds the two equal), its parameters from the whole
-    model built on the meta device."""
-    model = cfg.model
-    if isinstance(model, ModelConfig) and model.n_layers > REPEATED_FROM:
-        short = replace(cfg, model=replace(model, n_layers=REPEATED_FROM))
-        saved, _, vocab, _, _ = _forward(short, device, compute, tp)
-        whole = build(_plain(model), "meta")
-        block_of = {id(p): i for i, block in enumerate(whole.blocks.modules) for p in block.parameters()}
-        return (saved.repeated(model.n_layers), [p.numel() for p in whole.parameters()], vocab,
-                whole.blocks.record(), [block_of.get(id(p)) for p in whole.parameters()])
     lm = build(_plain(cfg.model), device)
     numels = [p.numel() for p in lm.parameters()]   # the whole model's: the state plan splits them itself
     if cfg.parallel.param_dtype == "bf16":   # FSDP2's mixed precision: the blocks compute on bf16 parameters (the
@@ -234,18 +252,26 @@ def measure_facts(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
         raise ModelContractError(f"model={cfg.model.name}: no vocab_size on the model, its config or its YAML; give "
                                  "the module a `vocab_size` attribute or the model file a `vocab_size:` key")
     if activations is not None and cfg.model.activation_checkpointing:   # measured without it: the blocks as the
-        blocks = build(cfg.model, "meta").blocks.record()                # run wraps them
+        blocks = shapes(cfg.model)[1]                                    # run wraps them
     return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp),
                       saved, param_block)
 
 
+_SPLIT: Dict[str, List[bool]] = {}
+
+
 def split_flags(model_cfg, tp: int, lm=None) -> Optional[List[bool]]:
     """Per parameter (in `numels`' order), whether tensor parallelism at `tp` splits it, from the model's plan
-    held against the model (`lm`, the run's own before it is split; else built on the meta device: a plan that
-    names what cannot be split is refused here, in one line, before any rank starts). None at tp 1."""
+    held against the model (`lm`, the run's own before it is split; else built on the meta device, once per process
+    for a model and tp: a plan that names what cannot be split is refused here, in one line, before any rank
+    starts). None at tp 1."""
     if tp == 1:
         return None
-    lm = lm if lm is not None else build(model_cfg, "meta")
+    if lm is None:
+        key = repr((model_cfg, tp))
+        if key not in _SPLIT:
+            _SPLIT[key] = split_flags(model_cfg, tp, build(model_cfg, "meta"))
+        return _SPLIT[key]
     split = split_params(lm.net, model_cfg, tp)
     return [id(p) in split for p in lm.parameters()]
 

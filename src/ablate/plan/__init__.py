@@ -188,8 +188,9 @@ def advised(args, argv: List[str]) -> int:
     else:
         advise.render(rows, left_out, hw, args.top)
     if args.write_sweep and rows:
-        advise.write_sweep(rows[:args.arms], argv, Path(args.write_sweep))
-        print(f"sweep: {args.write_sweep} ({min(args.arms, len(rows))} layouts)", file=sys.stderr)
+        arms = advise.distinct_layouts(rows, args.arms)
+        advise.write_sweep(arms, argv, Path(args.write_sweep))
+        print(f"sweep: {args.write_sweep} ({len(arms)} layouts)", file=sys.stderr)
     return 0
 
 

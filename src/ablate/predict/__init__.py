@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 from ablate import hardware
+from ablate.config import ModelConfig
 from ablate.config.schedules import expected_of
 from ablate.model import build_net
 from ablate.model.facts import flop_model
@@ -180,8 +181,21 @@ def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, 
 def for_plan(cfg, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]:
     """`ablate.plan --hardware`'s `predicted`: the layout on that hardware (its file's rate and links), the FLOPs
     of the model's FLOP model (counted on the meta device for a model not built in)."""
-    flops = flop_model(cfg.model, cfg.train.seq_len, build_net(cfg.model, "meta"))
+    flops = flops_of(cfg.model, cfg.train.seq_len)
     return predict(step_of(cfg, layout, flops, expected_comm(cfg, layout, n_params), n_blocks), of_hardware(hw))
+
+
+_FLOPS: Dict[str, object] = {}
+
+
+def flops_of(model_cfg, seq: int):
+    """The model's FLOP model, once per process for a model and a sequence length (the advisor plans many layouts
+    of one model): the built-in Llama's formula needs no network; any other model is counted on the meta device."""
+    key = repr((model_cfg, seq))
+    if key not in _FLOPS:
+        net = None if isinstance(model_cfg, ModelConfig) else build_net(model_cfg, "meta")
+        _FLOPS[key] = flop_model(model_cfg, seq, net)
+    return _FLOPS[key]
 
 
 def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks: int) -> Step:

@@ -5,6 +5,7 @@ ranked by the predicted tokens/s (src/ablate/predict) as the advisor ranks layou
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Dict, Optional, Tuple
 
@@ -25,11 +26,17 @@ LAYOUT_KNOBS: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def changed(cfg: AblateConfig, key: str, value: str) -> AblateConfig:
-    """`cfg` with one dotted key set as the command line would (`value` read as YAML), its checks run again."""
-    group, leaf = key.split(".", 1)
-    node = dataclasses.replace(getattr(cfg, group), **{leaf: yaml.safe_load(value)})
-    return dataclasses.replace(cfg, **{group: node})
+def changed(cfg: AblateConfig, *overrides: str) -> AblateConfig:
+    """`cfg` with `key=value` overrides set as the command line would (a value read as YAML; a group's key alone sets
+    its `name`, as `parallel=hsdp`), every group's checks run again on a copy (`cfg` itself is left as it was)."""
+    by_group: Dict[str, Dict[str, object]] = {}
+    for override in overrides:
+        key, value = override.split("=", 1)
+        group, _, leaf = key.partition(".")
+        by_group.setdefault(group, {})[leaf or "name"] = yaml.safe_load(value)
+    fresh = copy.deepcopy(cfg)
+    nodes = {group: dataclasses.replace(getattr(fresh, group), **leaves) for group, leaves in by_group.items()}
+    return dataclasses.replace(fresh, **nodes)
 
 
 def current(cfg: AblateConfig, key: str) -> str:
@@ -64,7 +71,7 @@ def best_change(cfg: AblateConfig, hw) -> Optional[Dict[str, object]]:
             if value == current(cfg, key):
                 continue
             try:
-                variant = changed(cfg, key, value)
+                variant = changed(cfg, f"{key}={value}")
             except (ConfigError, TypeError, ValueError):
                 continue
             plan = planned(variant, hw)

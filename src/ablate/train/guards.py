@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ablate.config import ConfigError
-from ablate.config.arguments import NAME_MAX
+from ablate.config.arguments import DISK_SAYS, NAME_MAX
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
 _LOCKS = {}   # run dir (resolved) -> open lock file, held until the run ends (release) or the process exits
@@ -66,8 +66,9 @@ def check_writable(run_dir: Path, need_bytes: int = 1 << 20, key: str = "hydra.r
     try:   # (root may write anywhere by its permissions: /proc or /sys still take no folder)
         os.rmdir(tempfile.mkdtemp(prefix=".ablate-probe-", dir=probe))
     except OSError as e:
-        raise ConfigError(f"{key}={run_dir}: {probe} does not take a folder ({e.strerror}); choose a directory on "
-                          "a disk") from None
+        if e.errno not in DISK_SAYS:   # (a read-only or full disk: said below, in its own words)
+            raise ConfigError(f"{key}={run_dir}: {probe} does not take a folder ({e.strerror}); choose a directory "
+                              "on a disk") from None
     if shutil.disk_usage(probe).free < need_bytes:
         raise ConfigError(f"{key}={run_dir}: no space left on {probe} "
                           f"({shutil.disk_usage(probe).free // 1024} kB free)")
