@@ -71,6 +71,9 @@ def test_every_run_probes_its_machine_before_and_after(trained):
     assert speed["calibration_flops"] > 0 and speed["start_flops"] > 0 and speed["end_flops"] > 0
     assert speed["start_ratio"] == pytest.approx(speed["start_flops"] / speed["calibration_flops"])
     assert speed["off"] == any(abs(speed[k] - 1) > 0.1 for k in ("start_ratio", "end_ratio"))
+    # a bf16 run's on a CPU: float32's products (bf16's took 31 s a probe here), against float32's calibration
+    bf16 = trained("none", "bf16", 1)[0]["machine_speed"]
+    assert "float32 products" in bf16["probe"] and bf16["start_ratio"] > 0
 
 
 def test_a_run_beside_a_busy_process_says_the_host_was_busy(tmp_path, monkeypatch):

@@ -1,18 +1,22 @@
 """The machine's own speed, per run: a shared or throttled host changes speed under the same load (this 2-core VM:
 x1.5 between consecutive identical runs, no steal time, nothing else running), so a run's timings are judged
 against how fast its machine was then. Rank 0 runs the calibration's own kernel (metrics/peak.py's GEMM probe,
-its size, dtype and count) as the measured steps start (after warm-up, before their clock starts) and after the
-last, and summary.json's `machine_speed` sets both rates beside the calibration's (the host's cached measured
-peak): `start_ratio`, `end_ratio`, and `off` when either is more than OFF_BY from 1 (the report names such runs,
-as it names busy ones; an A/A with one never becomes the noise floor). Absent, with the reason, where there is no
-calibration (metrics.gemm_probe=false), on the other ranks, and for a run stopped inside its warm-up.
+its size, dtype and count; on a CPU in float32 whatever the run's dtype, against float32's calibration) as the
+measured steps start (after warm-up, before their clock starts) and after the last, and summary.json's
+`machine_speed` sets both rates beside the calibration's (the host's cached measured peak): `start_ratio`,
+`end_ratio`, and `off` when either is more than OFF_BY from 1 (the report names such runs, as it names busy ones;
+an A/A with one never becomes the noise floor). Absent, with the reason, where there is no calibration
+(metrics.gemm_probe=false), on the other ranks, and for a run stopped inside its warm-up.
 """
 from __future__ import annotations
 
 from typing import Dict, Optional
 
+import torch
+
 from ablate.metrics import flops as F
 from ablate.metrics.collectors import BuiltIn, Span
+from ablate.metrics.peak import measured_peak
 from ablate.precision import numerics
 
 OFF_BY = 0.10        # a machine more than 10% off its calibration: the issue's rule, the noise floor's too
@@ -26,8 +30,14 @@ class MachineSpeed(BuiltIn):
         self.calibration: Optional[float] = (peak.probe or {}).get("flops")
         self.n = cfg.metrics.gemm_probe_n or (8192 if env.device.type == "cuda" else 1024)
         self.dtype = numerics(cfg.precision.name).probe_dtype
+        if env.device.type == "cpu" and self.dtype != torch.float32 and self.calibration is not None:
+            # a CPU multiplies bf16 and fp16 without their own kernels here (~1 GFLOP/s: a 1024 probe took 31 s, twice
+            # a run); the machine's speed shows as well in float32's products, against float32's calibration
+            self.dtype = torch.float32
+            self.calibration = measured_peak(env.device, "cpu", self.dtype, self.n,
+                                             cfg.metrics.peak_cache)["flops"] if self.main else None
         self.start_flops: Optional[float] = None
-        if self.calibration is None:
+        if not cfg.metrics.gemm_probe:
             notes["machine_speed"] = "no calibration to compare with: metrics.gemm_probe=false"
 
     def start(self) -> None:
