@@ -99,25 +99,36 @@ def check_unlocked(run_dir: Path) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def wait_for_holder(run_dir: Path, said) -> Optional[int]:
-    """Wait until the live process that holds run_dir's lock ends (an orphan a driver killed with -9 left going,
-    which goes on to finish its run), after `said(pid)` tells whoever waits; the pid it was, or None if none held
-    it. Ctrl-C ends the wait (the run goes on)."""
+@contextlib.contextmanager
+def _holder(run_dir: Path):
+    """(the open lock file, the pid written in it) while a live process holds run_dir's lock, else None."""
     try:
         handle = open(run_dir / LOCK_FILE)
     except OSError:
-        return None
+        yield None
+        return
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(handle, fcntl.LOCK_UN)
-            return None
+            held = False
         except OSError:
-            pass
+            held = True
         try:
-            pid = int(handle.read().strip() or 0)
+            pid = int(handle.read().strip() or 0) if held else 0
         except ValueError:
             pid = 0
+        yield (handle, pid) if held else None
+
+
+def wait_for_holder(run_dir: Path, said) -> Optional[int]:
+    """Wait until the live process that holds run_dir's lock ends (an orphan a driver killed with -9 left going,
+    which goes on to finish its run), after `said(pid)` tells whoever waits; the pid it was, or None if none held
+    it. Ctrl-C ends the wait (the run goes on)."""
+    with _holder(run_dir) as held:
+        if held is None:
+            return None
+        handle, pid = held
         said(pid)
         fcntl.flock(handle, fcntl.LOCK_EX)   # (blocks until the holder's process ends or releases it)
         fcntl.flock(handle, fcntl.LOCK_UN)
@@ -128,23 +139,10 @@ def stop_holder(run_dir: Path, grace_s: float = 10.0) -> Optional[int]:
     """End the live process that holds run_dir's lock (an orphan: a driver killed with -9 leaves its child run
     going), its whole process group, SIGTERM then SIGKILL after `grace_s`; the pid it was, or None if none held
     it."""
-    try:
-        handle = open(run_dir / LOCK_FILE)
-    except OSError:
-        return None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with _holder(run_dir) as held:
+        if held is None or held[1] <= 0:
             return None
-        except OSError:
-            pass
-        try:
-            pid = int(handle.read().strip() or 0)
-        except ValueError:
-            return None
-        if pid <= 0:
-            return None
+        handle, pid = held
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(pid), sig)
