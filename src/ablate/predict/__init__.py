@@ -87,7 +87,9 @@ def per_node(step: Step, dim: str) -> int:
 def link_bytes_per_s(step: Step, dim: str, machine: Machine) -> Optional[float]:
     """The bus bandwidth a dim's collectives get: within a node, the node's; across nodes, one NIC per rank of the
     group on each node (NCCL's rings run one per NIC, rail to rail: a group of 8 ranks a node uses 8 NICs, HSDP's
-    replicate dim with one rank a node uses one), at most the node's own bandwidth."""
+    replicate dim with one rank a node uses one), at most the node's own bandwidth. Source: nccl-tests' multi-node
+    all-reduce bus bandwidth on 8 x H100 SXM nodes with NDR InfiniBand (one 400 Gb/s NIC a GPU) is 400-450 GB/s at
+    large messages (saturncloud.io/blog/crusoe-nccl-cluster-validation), 8 NICs' 50 GB/s, not one's."""
     if not crosses_nodes(step, dim):
         return machine.intra_bytes_per_s
     if not machine.inter_bytes_per_s:
