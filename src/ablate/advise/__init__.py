@@ -104,14 +104,17 @@ def row(point: List[str], layout, peak_bytes: float, hw, predicted: Dict[str, ob
     return {"overrides": point, "mesh": layout.record(), "peak_bytes": peak_bytes, "headroom": headroom,
             "tight": headroom < PLAN_LOW_BY, **{k: predicted[k] for k in ("tokens_per_s", "mfu", "step_time_s")},
             "tokens_per_s_per_gpu": predicted["tokens_per_s"] / layout.world, "bound": bound(predicted),
+            "rate_source": predicted["rate_source"],
             # a dim whose traffic the comm model has no figure for counts as none: said beside the rank
             "not_modelled": [d for d, s in predicted["exposed_comm_s"].items() if s is None]}
 
 
 def bound(predicted: Dict[str, object]) -> str:
-    """What the step's time is mostly made of, in words: compute, a pipeline's bubble, or a dim's exposed
+    """What the step's time is mostly made of, in words: compute (per op class where the machine has per-op
+    figures: matmul, attention, memory-bound ops, the optimizer), a pipeline's bubble, or a dim's exposed
     communication, with its share of the step."""
-    parts = {"compute": predicted["compute_s"], "bubble": predicted.get("bubble_s") or 0.0,
+    compute = predicted.get("compute_s_by_class") or {"compute": predicted["compute_s"]}
+    parts = {**compute, "bubble": predicted.get("bubble_s") or 0.0,
              **{f"{d} comm": s for d, s in predicted["exposed_comm_s"].items() if s}}
     name, seconds = max(parts.items(), key=lambda p: p[1])
     return f"{name} {seconds / predicted['step_time_s']:.0%}"
@@ -138,7 +141,7 @@ def render(rows: List[Dict[str, object]], left_out: Counter, hw, top: int) -> No
     console.print("layout: strategy, tp, pp and its micro-batches (m), checkpointing (sel, full), bf16 all-gathers "
                   "(bf16ag); ! headroom within the plan's error (12%); the global batch of your command for every "
                   "layout; left out: " + (", ".join(f"{n} x {why}" for why, n in left_out.most_common()) or "none"))
-    console.print("predicted as docs/prediction.md says (with a datasheet rate: a bound)")
+    console.print(f"predicted as docs/prediction.md says: {rows[0]['rate_source'] if rows else ''}")
 
 
 def compact(n: float) -> str:

@@ -16,7 +16,11 @@ from ablate.config import ConfigError
 
 HARDWARE_DIR = CONF_DIR / "hardware"
 KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_s", "network_gbits_per_s",
-        "matmul_tflops")   # the last: optional, a measured dense matmul rate per dtype (ablate's step-time model)
+        # optional, achieved (microbenchmarks, each sourced in the file, or measured by `python -m ablate.calibrate`):
+        # the step-time model's rates (predict/kernels.py, predict/__init__.py)
+        "matmul_tflops", "attention_tflops", "memory_gbytes_per_s", "launch_us", "collective_gbytes_per_s",
+        "collective_latency_us", "provenance")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 # Parts that share a family name with a file here but run at other clocks and power (H100/H200 NVL, GB200, GH200):
 # no file of theirs, so they get none rather than the SXM/B200 one, which would read their MFU ~15% low. Set
 # metrics.peak_tflops for them, or give ablate.plan a file of their own.
@@ -32,7 +36,13 @@ class Hardware:
     nvlink_bytes_per_s: Optional[float]
     network_bytes_per_s: Optional[float]
     source: str                         # the file
-    matmul_flops: Optional[Dict[str, float]] = None   # measured (the file's matmul_tflops), per dtype column
+    matmul_flops: Optional[Dict[str, float]] = None   # achieved (the file's matmul_tflops), per dtype column
+    attention_flops: Optional[Dict[str, float]] = None   # achieved by SDPA's fused kernel, per dtype column
+    memory_bytes_per_s: Optional[float] = None        # achieved by memory-bound kernels
+    launch_s: Optional[float] = None                  # the least time a kernel takes
+    collective_bytes_per_s: Optional[Dict[str, float]] = None   # nccl-tests' bus bandwidth within a node, per kind
+    collective_latency_s: Optional[Dict[str, float]] = None     # base, hop_nvlink, hop_network (NCCL's ring model)
+    provenance: Optional[Dict[str, str]] = None       # where each achieved figure comes from
 
     def record(self) -> Dict[str, object]:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_flops": self.peak_flops,
@@ -63,11 +73,36 @@ def load(path: Path, key: str = "--hardware") -> Hardware:
                           f"a hardware file has {', '.join(KEYS)}")
     net = node.get("network_gbits_per_s")
     nvlink = node.get("nvlink_gbytes_per_s")
-    measured = node.get("matmul_tflops")
     return Hardware(str(node["name"]), tuple(str(d).upper() for d in node["device_names"]),
                     float(node["memory_gib"]) * 2**30, {k: float(v) * 1e12 for k, v in node["peak_tflops"].items()},
                     float(nvlink) * 1e9 if nvlink else None, float(net) * 1e9 / 8 if net else None, str(path),
-                    {k: float(v) * 1e12 for k, v in measured.items()} if isinstance(measured, dict) else None)
+                    scaled(node, "matmul_tflops", 1e12, path, key), scaled(node, "attention_tflops", 1e12, path, key),
+                    _number(node, "memory_gbytes_per_s", 1e9, path, key), _number(node, "launch_us", 1e-6, path, key),
+                    scaled(node, "collective_gbytes_per_s", 1e9, path, key),
+                    scaled(node, "collective_latency_us", 1e-6, path, key),
+                    {str(k): str(v) for k, v in (node.get("provenance") or {}).items()})
+
+
+def scaled(node, name: str, unit: float, path, key: str) -> Optional[Dict[str, float]]:
+    """An optional mapping of figures (`{bf16: 682}`), in SI units; one line naming the key if it is not one."""
+    value = node.get(name)
+    if value is None:
+        return None
+    try:
+        return {str(k): float(v) * unit for k, v in dict(value).items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"{given(key, path)}: {name} must map names to numbers (e.g. {{bf16: 682}}), not "
+                          f"{value!r}") from None
+
+
+def _number(node, name: str, unit: float, path, key: str) -> Optional[float]:
+    value = node.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value) * unit
+    except (TypeError, ValueError):
+        raise ConfigError(f"{given(key, path)}: {name} must be a number, not {value!r}") from None
 
 
 def choices() -> Dict[str, Path]:

@@ -8,14 +8,13 @@ metrics/comm.py counts them: the full buffer of each collective (an all-gather's
   (grad_accum x P + R without resharding).
 - dp_replicate: HSDP all-reduces the reduce-scattered shard once per step, 4 N / (tp x dp_shard); DDP all-reduces
   the whole gradient, 4 N, once per step with no_sync, every micro-step without.
-- tp (the built-in Llama's plan, parallel/tp.py; fp32, bf16, fp16): per micro-step, each block all-gathers its two
-  sequence-sharded inputs (the norms' outputs: float32, the residual stream's dtype) and reduce-scatters its two
-  outputs (matmuls': the compute dtype), the embedding's output is reduce-scattered and the head's input
-  all-gathered (float32), each b x s x dim, mirrored in backward (bf16, tiny, tp 2: 2,104,576 B modelled,
-  2,105,940 counted); the loss, vocab-parallel, all-reduces three
-  values per token (b x s x 3; parallel.loss_parallel=false: the logits gathered whole, b x s x vocab);
-  the norms' weight gradients (2 per block + the final one, dim each) are all-reduced. The gradient norm's few
-  scalar all-reduces are left out.
+- tp (the built-in Llama's plan, parallel/tp.py; fp32, bf16, fp16, fp8 as bf16): per micro-step, each block
+  all-gathers its two sequence-sharded inputs (the norms' outputs: float32, the residual stream's dtype) and
+  reduce-scatters its two outputs (matmuls': the compute dtype), the embedding's output is reduce-scattered and
+  the head's input all-gathered (float32), each b x s x dim, mirrored in backward (bf16, tiny, tp 2: 2,104,576 B
+  modelled, 2,105,940 counted); the loss, vocab-parallel, all-reduces three values per token (b x s x 3;
+  parallel.loss_parallel=false: the logits gathered whole, b x s x vocab); the norms' weight gradients (2 per block
+  + the final one, dim each) are all-reduced. The gradient norm's few scalar all-reduces are left out.
 - pp (the built-in Llama): rank 0's sends. Each micro-batch's hidden state (b / m x s x dim, float32: the residual
   stream; / tp, cut along the sequence under TP) leaves each of its v stages forward, and its gradient goes back
   from each stage but the first: m x (2v - 1) x that, plus the gradient norm's one value summed over the stages.
@@ -36,7 +35,9 @@ FP32 = 4
 
 
 BYTES = {None: 4, "float32": 4, "bf16": 2}
-AUTOCAST_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # a matmul's output under precision= (fp8: not modelled)
+# a matmul's output under precision=: fp8's linears (torchao's float8 training) return their input's dtype, bf16
+# (not counted against a run here: no fp8 kernel on a CPU)
+AUTOCAST_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 
 
 def rank0_params(cfg: AblateConfig, layout: Layout, n_params: int) -> float:

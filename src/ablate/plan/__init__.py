@@ -143,9 +143,11 @@ def render_predicted(console, pred: Dict[str, object]) -> None:
     exposed = ", ".join(f"{d} {units.fmt('step_time_s', s)}" if s is not None else f"{d} not modelled"
                         for d, s in pred["exposed_comm_s"].items()) or "none"
     mfu = f", MFU {units.fmt('mfu', pred['mfu'])}" if pred.get("mfu") is not None else ""
+    classes = ", ".join(f"{k} {units.fmt('step_time_s', v)}" for k, v in (pred.get("compute_s_by_class") or {}).items())
     console.print(f"Predicted step: [bold]{units.fmt('step_time_s', pred['step_time_s'])}[/bold], "
                   f"{units.fmt('tokens_per_s', pred['tokens_per_s'])}{mfu} "
-                  f"(compute {units.fmt('step_time_s', pred['compute_s'])}, exposed communication: {exposed}; "
+                  f"(compute {units.fmt('step_time_s', pred['compute_s'])}{': ' + classes if classes else ''}, "
+                  f"exposed communication: {exposed}; "
                   f"{pred['rate_source']}); how: docs/prediction.md.")
 
 

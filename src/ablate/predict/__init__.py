@@ -1,24 +1,26 @@
 """How fast, before the run: one optimizer step's time on a layout and a machine (docs/prediction.md).
 
 Per optimizer step and rank:
-- compute = the hardware FLOPs a device does (the model's, recompute included; its share: 1/(tp x pp) of its
-  replica's tokens) / the machine's matmul rate in the run's compute dtype; under a pipeline the step is that over
+- compute, as the kernels run it (predict/kernels.py, predict/machine.py): each op of the rank's forward and
+  backward (recompute included) at its class's achieved rate - matmuls at the roofline of the matmul rate and the
+  memory bandwidth, attention at SDPA's kernel rate, every other op at the memory bandwidth, each at least a
+  launch - and the optimizer's step over the rank's shard (memory-bound); where the machine has no such figures,
+  the hardware FLOPs over the matmul rate (a bound on a datasheet's). Under a pipeline the step is that over
   1 - the schedule's expected bubble (config/schedules.py);
-- communication per mesh dim = the comm model's bytes (parallel/comm_model.py: full buffers, as counted) x the
-  collective's bus factor (nccl-tests' convention: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, a
-  pipeline's sends 1) / the bus bandwidth of the link the dim crosses: within a node, or across nodes when its
-  ranks span more than one node's (ranks laid out row-major, mesh.py), one NIC per rank of the group on a node;
+- communication per mesh dim (predict/network.py) = the comm model's bytes (parallel/comm_model.py) x the
+  collective's bus factor / the bus bandwidth of the link the dim crosses (nccl-tests' figures per kind within a
+  node; across nodes one NIC per rank of the group on a node), plus NCCL's latency per call;
 - what of it is exposed, as each strategy schedules it: FSDP2/HSDP/ZeRO's gathers and reduce-scatters run a block
   ahead, behind the compute, all but the first gather and the last reduce-scatter (one unit's of the blocks + the
   root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute); tensor
   parallelism's collectives and the pipeline's sends sit on the critical path, all exposed.
-step = compute (/ (1 - bubble)) + the exposed communication. Left out: the optimizer's step (memory-bound), data
-wait, kernel launch gaps, the interference of communication with compute. Pure arithmetic on the figures given:
-the plan (`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's `predicted`) and tests give them.
+step = compute (/ (1 - bubble)) + the exposed communication. Left out: data wait, torch.compile's fusion, the
+interference of communication with the compute it overlaps. Pure arithmetic on the figures given: the plan
+(`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's `predicted`) and tests give them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 from typing import Dict, Optional
 
 from ablate import hardware
@@ -28,101 +30,27 @@ from ablate.model import build_net
 from ablate.model.facts import flop_model
 from ablate.parallel.comm_model import expected_comm
 from ablate.precision import numerics
+from ablate.predict.kernels import work_of
+from ablate.predict.machine import Machine, compute_seconds, of_hardware, of_run
+from ablate.predict.network import BUS_FACTOR, comm_seconds, crosses_nodes, exposed, link_bytes_per_s, per_node
+from ablate.predict.step import Step, strides
 
-# nccl-tests' bus-bandwidth factor per mesh dim's collectives (docs: PERFORMANCE.md of nccl-tests)
-BUS_FACTOR = {"dp_shard": lambda n: (n - 1) / n, "dp_replicate": lambda n: 2 * (n - 1) / n,
-              "tp": lambda n: (n - 1) / n, "pp": lambda n: 1.0}
-BACKWARD_SHARE = 2 / 3   # of a step's compute: the backward (twice the forward's FLOPs)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the prediction needs of a machine: its matmul rate per dtype column (achieved, or a datasheet's peak:
-    `rate_source` says which), the datasheet peak per column (MFU's denominator), the bus bandwidth within a node
-    and per device across nodes (bytes/s; None: unknown)."""
-    rate: Dict[str, float]
-    peak: Dict[str, float]
-    intra_bytes_per_s: Optional[float]
-    inter_bytes_per_s: Optional[float]
-    rate_source: str
-    name: str = ""
-
-
-@dataclass
-class Step:
-    """What one optimizer step asks of each rank: hardware and model FLOPs of a device, bytes per mesh dim (None:
-    not modelled), the global tokens, the blocks (FSDP's units), the layout's shape and the compute dtype's column."""
-    hw_flops: float
-    model_flops: float
-    comm_bytes: Dict[str, Optional[float]]
-    tokens: float
-    n_blocks: int
-    sizes: Dict[str, int]             # mesh dim -> ranks (config/dims.py order)
-    nproc_per_node: int
-    strategy: str                     # parallel.name
-    column: str                       # the compute dtype's datasheet column: bf16 | fp32 | fp8
-    bubble: float = 0.0               # a pipeline's expected bubble
-    strides: Dict[str, int] = field(default_factory=dict)
-
-
-def crosses_nodes(step: Step, dim: str) -> bool:
-    """A dim's ranks span more than one node: its stride (the product of the dims inside it) x its size."""
-    return step.strides[dim] * step.sizes[dim] > step.nproc_per_node
-
-
-def strides(sizes: Dict[str, int]) -> Dict[str, int]:
-    out, inner = {}, 1
-    for dim in reversed(list(sizes)):
-        out[dim] = inner
-        inner *= sizes[dim]
-    return out
-
-
-def per_node(step: Step, dim: str) -> int:
-    """How many of a dim's group's ranks share one node (row-major ranks: its stride and size against the node's)."""
-    stride, size = step.strides[dim], step.sizes[dim]
-    return 1 if stride >= step.nproc_per_node else max(1, min(size, step.nproc_per_node // stride))
-
-
-def link_bytes_per_s(step: Step, dim: str, machine: Machine) -> Optional[float]:
-    """The bus bandwidth a dim's collectives get: within a node, the node's; across nodes, one NIC per rank of the
-    group on each node (NCCL's rings run one per NIC, rail to rail: a group of 8 ranks a node uses 8 NICs, HSDP's
-    replicate dim with one rank a node uses one), at most the node's own bandwidth. Source: nccl-tests' multi-node
-    all-reduce bus bandwidth on 8 x H100 SXM nodes with NDR InfiniBand (one 400 Gb/s NIC a GPU) is 400-450 GB/s at
-    large messages (saturncloud.io/blog/crusoe-nccl-cluster-validation), 8 NICs' 50 GB/s, not one's."""
-    if not crosses_nodes(step, dim):
-        return machine.intra_bytes_per_s
-    if not machine.inter_bytes_per_s:
-        return None
-    nics = machine.inter_bytes_per_s * per_node(step, dim)
-    return min(nics, machine.intra_bytes_per_s) if machine.intra_bytes_per_s else nics
-
-
-def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
-    out: Dict[str, Optional[float]] = {}
-    for dim, nbytes in step.comm_bytes.items():
-        link = link_bytes_per_s(step, dim, machine)
-        out[dim] = None if nbytes is None or not link else nbytes * BUS_FACTOR[dim](step.sizes[dim]) / link
-    return out
-
-
-def exposed(step: Step, dim: str, seconds: float, compute: float) -> float:
-    if dim in ("tp", "pp"):
-        return seconds
-    if dim == "dp_replicate" or step.strategy in ("ddp", "ddp_sync"):
-        return max(0.0, seconds - BACKWARD_SHARE * compute)
-    unit = seconds / (step.n_blocks + 1)   # the first gather and the last reduce-scatter: one unit's
-    return min(seconds, max(0.0, seconds - compute) + unit)
+__all__ = ["BUS_FACTOR", "Machine", "Step", "crosses_nodes", "link_bytes_per_s", "of_hardware", "per_node",
+           "predict", "strides"]
+# the bytes one parameter's optimizer step reads and writes (fp32 state): Adam's reads parameter, gradient and its
+# two moments and writes parameter and moments (torch's foreach/fused AdamW: one pass); SGD's reads parameter and
+# gradient and writes the parameter (momentum: one more each way)
+OPTIMIZER_BYTES = {"adamw": 28, "adam": 28, "sgd": 12}
+DDP_BUCKET_BYTES = 25 * 2**20   # DistributedDataParallel's bucket_cap_mb default: one all-reduce per bucket
 
 
 def predict(step: Step, machine: Machine) -> Dict[str, object]:
     """summary.json's / the plan's `predicted`: step_time_s, tokens_per_s, mfu, compute_s, exposed_comm_s per dim
     (None where the comm model or the machine has no figure), and the rate's source."""
     step.strides = step.strides or strides(step.sizes)
-    rate = machine.rate.get(step.column)
-    if not rate:
+    if not machine.rate.get(step.column):
         return {"step_time_s": None, "why": f"{machine.name}: no matmul rate for {step.column}"}
-    compute = step.hw_flops / rate
+    compute, parts = compute_seconds(step, machine)
     busy = compute / (1 - step.bubble)
     comm = comm_seconds(step, machine)
     hidden = {d: (exposed(step, d, s, compute) if s is not None else None) for d, s in comm.items()}
@@ -130,29 +58,17 @@ def predict(step: Step, machine: Machine) -> Dict[str, object]:
     peak = machine.peak.get(step.column)
     return {"step_time_s": total, "tokens_per_s": step.tokens / total,
             "mfu": step.model_flops / total / peak if peak else None, "compute_s": compute,
-            "bubble_s": busy - compute, "exposed_comm_s": hidden, "comm_s": comm,
-            "rate_source": machine.rate_source}
+            "compute_s_by_class": parts or None, "bubble_s": busy - compute, "exposed_comm_s": hidden,
+            "comm_s": comm, "rate_source": source_of(step, machine, bool(parts))}
 
 
-def of_hardware(hw) -> Machine:
-    """A conf/hardware file as a Machine: its measured matmul rate where the file has one (`matmul_tflops`), else
-    the datasheet's peak (the prediction is then a bound); NVLink's datasheet figure counts both directions (a
-    ring sends one way: half of it), the network's per GPU one way."""
-    measured = hw.matmul_flops
-    nvlink = hw.nvlink_bytes_per_s / 2 if hw.nvlink_bytes_per_s else None
-    return Machine(measured or hw.peak_flops, hw.peak_flops, nvlink, hw.network_bytes_per_s,
-                   "measured matmul rate (the file's matmul_tflops)" if measured else
-                   "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)", hw.name)
-
-
-def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
-    """The machine a GPU run is on: its hardware file's links and datasheet peak, and its own calibrated GEMM rate
-    (metrics/peak.py's probe, the run's dtype) as the matmul rate where there is one."""
-    machine = of_hardware(hw)
-    if not measured_rate:
-        return machine
-    return Machine({**machine.rate, column: measured_rate}, machine.peak, machine.intra_bytes_per_s,
-                   machine.inter_bytes_per_s, "this GPU's calibrated GEMM rate (metrics/peak.py)", hw.name)
+def source_of(step: Step, machine: Machine, per_op: bool) -> str:
+    """What the compute was priced from: per op, or the FLOPs over the matmul rate (and why, where the machine has
+    per-op figures)."""
+    if per_op or not machine.per_op(step.column):
+        return machine.rate_source
+    why = "no ops recorded for this model" if step.work is None else f"no per-op figures for {step.column}"
+    return f"{machine.rate_source} ({why}: the FLOPs over the matmul rate)"
 
 
 def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, str],
@@ -177,6 +93,7 @@ def for_run(cfg, layout, facts: Dict[str, object], throughput, notes: Dict[str, 
     if hw is None:
         notes["predicted"] = f"not predicted: no hardware file for {peak.device_name} (conf/hardware)"
         return None
+    step = step_of(cfg, layout, throughput.flop_model, comm, facts["blocks"]["count"] or 0, facts.get("params"))
     return predict(step, of_run(hw, peak.measured, step.column))
 
 
@@ -184,7 +101,8 @@ def for_plan(cfg, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]
     """`ablate.plan --hardware`'s `predicted`: the layout on that hardware (its file's rate and links), the FLOPs
     of the model's FLOP model (counted on the meta device for a model not built in)."""
     flops = flops_of(cfg.model, cfg.train.seq_len)
-    return predict(step_of(cfg, layout, flops, expected_comm(cfg, layout, n_params), n_blocks), of_hardware(hw))
+    step = step_of(cfg, layout, flops, expected_comm(cfg, layout, n_params), n_blocks, n_params)
+    return predict(step, of_hardware(hw))
 
 
 _FLOPS: Dict[str, object] = {}
@@ -200,15 +118,48 @@ def flops_of(model_cfg, seq: int):
     return _FLOPS[key]
 
 
-def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks: int) -> Step:
+def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks: int,
+            n_params: Optional[int] = None) -> Step:
     """One optimizer step of the run `cfg` asks for on `layout`: a device's share of its replica's FLOPs (the FLOP
-    model's, recompute included), the comm model's bytes, the pipeline's expected bubble."""
+    model's, recompute included), the comm model's bytes and calls, the pipeline's expected bubble; given the
+    model's parameters, its ops per sequence for the per-op compute model and its optimizer's bytes."""
     t = cfg.train
     tokens = replica_tokens(cfg)
     per_replica = flops.training(tokens, tokens * t.seq_len)
-    return Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks, comm_bytes,
+    step = Step(per_replica.hardware / layout.model_ranks, per_replica.model / layout.model_ranks, comm_bytes,
                 global_tokens(cfg, layout), n_blocks, layout.record(), cfg.launcher.nproc_per_node, cfg.parallel.name,
-                numerics(cfg.precision.name).peak_column, expected_of(cfg.parallel))
+                numerics(cfg.precision.name).peak_column, expected_of(cfg.parallel), calls=calls_of(cfg, layout,
+                                                                                                     comm_bytes,
+                                                                                                     n_blocks))
+    if n_params:
+        step.work, step.share = recorded_work(cfg, layout.pp), 1 / layout.tp
+        step.sequences = t.batch_size * t.grad_accum
+        on_rank = n_params / (layout.model_ranks * layout.dp_shard)   # FSDP and ZeRO shard it over dp_shard
+        step.optimizer_bytes = on_rank * OPTIMIZER_BYTES.get(cfg.optim.name, OPTIMIZER_BYTES["adamw"])
+    return step
+
+
+def recorded_work(cfg, pp: int):
+    """The rank's ops (predict/kernels.py), or None for a model whose step neither fake tensors nor the meta device
+    can run: a prediction never stops a run or a plan that can go on without it."""
+    try:
+        return work_of(cfg, pp)
+    except Exception:   # (any model's own code: whatever it raises, the FLOP model still answers)
+        return None
+
+
+def calls_of(cfg, layout, comm_bytes: Dict[str, Optional[float]], n_blocks: int) -> Dict[str, float]:
+    """Collective calls per dim in one step (their latency): FSDP's two gathers (forward, backward) and one
+    reduce-scatter per unit (the blocks of a stage and the root) and micro-step; HSDP's all-reduce per unit and
+    micro-step, DDP's per bucket; TP's two all-gathers and two reduce-scatters forward, as many backward, per block
+    and micro-batch (sequence parallel; a pipeline's micro-batches each pass the stage); a pipeline's send forward
+    and back per micro-batch."""
+    micro, blocks = cfg.train.grad_accum, n_blocks / layout.pp
+    pipeline = cfg.parallel.microbatches if layout.pp > 1 else 1
+    ddp = cfg.parallel.name in ("ddp", "ddp_sync")
+    replicate = math.ceil((comm_bytes.get("dp_replicate") or 0) / DDP_BUCKET_BYTES) if ddp else micro * (blocks + 1)
+    return {"dp_shard": micro * 3 * (blocks + 1), "dp_replicate": replicate, "tp": micro * pipeline * 8 * blocks,
+            "pp": micro * pipeline * 2}
 
 
 def replica_tokens(cfg) -> int:

@@ -21,7 +21,7 @@ import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -187,9 +187,14 @@ def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: 
 def by_size(points: List[List[float]], nbytes: float) -> float:
     """latency + bytes x seconds per byte (Hockney's alpha-beta model of a collective), the two fitted by least
     squares to the probe's sizes: one noisy size moves it little (the probe's figures are not monotone in size)."""
+    latency, per_byte = fit_line(points)
+    return latency + per_byte * nbytes
+
+
+def fit_line(points: List[List[float]]) -> Tuple[float, float]:
+    """(latency s, seconds per byte) fitted by least squares to [[bytes, seconds], ...], neither below zero."""
     sizes, seconds = [p[0] for p in points], [p[1] for p in points]
     mean_x, mean_y = sum(sizes) / len(sizes), sum(seconds) / len(seconds)
     spread = sum((x - mean_x) ** 2 for x in sizes)
     per_byte = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / spread) if spread else 0.0
-    latency = max(0.0, mean_y - per_byte * mean_x)
-    return latency + per_byte * nbytes
+    return max(0.0, mean_y - per_byte * mean_x), per_byte

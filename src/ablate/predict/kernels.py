@@ -1,0 +1,166 @@
+"""One rank's compute as the kernels run it: each op of one sequence's forward and backward, recorded on fake
+tensors (shapes and dtypes, no memory, no FLOPs spent), priced by its class (docs/prediction.md, "Compute"):
+
+- matmuls (mm, addmm, bmm, a grouped or scaled mm): the roofline of the op, max(FLOPs / the achieved matmul rate,
+  bytes / the achieved memory bandwidth);
+- attention (SDPA's fused kernels, forward and backward): the FLOPs the kernel executes (FlashAttention's
+  convention: 4 b h s s' d forward, halved under a causal mask; backward 2.5x the forward) / the achieved attention
+  rate;
+- every other op that launches a kernel (norms, rotary, activations, residual adds, casts, the loss, the
+  embedding): memory-bound, the bytes it reads and writes / the achieved memory bandwidth;
+- each op takes at least the machine's per-kernel time (a launch).
+Activation checkpointing's recompute is in the record: backward runs the checkpointed forward again, as the run
+does. Recorded once per model, sequence, precision and checkpointing (the advisor's layouts differ in their
+batch and their tp share, by which a sequence's figures are scaled: an op's FLOPs and bytes by the sequences and
+1/tp, the launches not). The built-in Llama is recorded with one and two blocks (its blocks are identical, so
+a block is their difference), any other model whole.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from typing import Dict, List, Tuple
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ablate.config import ModelConfig
+from ablate.model import build
+from ablate.precision import numerics
+
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_mm", "_scaled_grouped_mm"}
+ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention")   # SDPA's kernels, either direction
+# ops that launch no kernel: shape, alias and allocation bookkeeping
+NO_KERNEL = {"_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+             "alias", "detach", "_reshape_alias"}
+BACKWARD_OVER_FORWARD = 2.5   # FlashAttention's count: 5 matmuls backward (one the forward's, recomputed) to 2
+
+Op = Tuple[str, float, float]   # (matmul | attention | memory, FLOPs executed, bytes read and written)
+
+
+class OpRecorder(TorchDispatchMode):
+    """`with OpRecorder() as rec: ...` records every aten op that launches a kernel: rec.ops counts each
+    (class, FLOPs, bytes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in NO_KERNEL:
+            op = classify(func, name, args, kwargs or {}, out)
+            if op is not None:
+                self.ops[op] += 1
+        return out
+
+
+def tensors(tree) -> List[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def nbytes(ts: List[torch.Tensor]) -> float:
+    return float(sum(t.numel() * t.element_size() for t in ts))
+
+
+def classify(func, name: str, args, kwargs, out):
+    outs = tensors(out)
+    if not outs:
+        return None
+    moved = nbytes(tensors((args, kwargs))) + nbytes(outs)
+    if name in MATMULS:
+        a, b = args[1:3] if name in ("addmm", "baddbmm") else args[:2]   # (M, K) x (K, N), batched or grouped
+        return ("matmul", 2.0 * a.numel() * b.shape[-1], moved)
+    if any(k in name for k in ATTENTION):
+        return ("attention", attention_flops(func, args, kwargs), moved)
+    return ("memory", 0.0, moved)
+
+
+def attention_flops(func, args, kwargs) -> float:
+    """What SDPA's kernel executes: 4 b h s s' d forward (QK^T and PV), half of it under a causal mask (the kernel
+    skips the masked blocks), the backward 2.5x (FlashAttention's convention, in which its rates are published)."""
+    named = dict(zip([a.name for a in func._schema.arguments], args))
+    named.update(kwargs)
+    q, k = named["query"], named["key"]
+    b, h, s, d = q.shape
+    forward = 4.0 * b * h * s * k.shape[-2] * d * (0.5 if named.get("is_causal") else 1.0)
+    return forward * (BACKWARD_OVER_FORWARD if "backward" in func.overloadpacket.__name__ else 1.0)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One sequence's ops on one rank of a layout, as weighted records: Σ weight x (each op's cost) is the work."""
+    parts: Tuple[Tuple[float, Tuple[Tuple[Op, int], ...]], ...]
+    source: str
+
+    def cost(self, seconds_of, sequences: float, share: float) -> float:
+        """Seconds for `sequences` sequences at `share` of each op (1/tp): Σ weight x count x seconds_of(class,
+        FLOPs, bytes) with FLOPs and bytes scaled."""
+        scale = sequences * share
+        return sum(weight * count * seconds_of(kind, flops * scale, moved * scale)
+                   for weight, ops in self.parts for (kind, flops, moved), count in ops)
+
+    def totals(self, sequences: float, share: float) -> Dict[str, float]:
+        """FLOPs, bytes and kernels per class (for the record: what the time is of)."""
+        out: Dict[str, float] = {}
+        scale = sequences * share
+        for weight, ops in self.parts:
+            for (kind, flops, moved), count in ops:
+                out[f"{kind}_flops"] = out.get(f"{kind}_flops", 0.0) + weight * count * flops * scale
+                out[f"{kind}_bytes"] = out.get(f"{kind}_bytes", 0.0) + weight * count * moved * scale
+                out["kernels"] = out.get("kernels", 0.0) + weight * count
+        return out
+
+
+_RECORDED: Dict[str, Counter] = {}
+
+
+def recorded(cfg, model_cfg) -> Tuple[Counter, str]:
+    """The ops of one sequence's training step of `model_cfg` (fake tensors; the meta device for a model they
+    cannot run), once per process for a model, sequence, precision and parameter dtype."""
+    key = repr((model_cfg, cfg.train.seq_len, cfg.precision.name, cfg.parallel.param_dtype))
+    if key not in _RECORDED:
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        level, fake_log.level = fake_log.level, logging.CRITICAL
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                _RECORDED[key] = (_record(cfg, model_cfg, "cpu"), "fake tensors, the run's attention and precision")
+        except Exception:   # data-dependent shapes: the meta device (SDPA there is its math: an upper figure)
+            _RECORDED[key] = (_record(cfg, model_cfg, "meta"), "meta device (the model does not run on fake tensors)")
+        finally:
+            fake_log.setLevel(level)
+    return _RECORDED[key]
+
+
+def _record(cfg, model_cfg, device: str) -> Counter:
+    lm = build(model_cfg, device)
+    if cfg.parallel.param_dtype == "bf16":   # FSDP2's mixed precision: the blocks compute on bf16 parameters
+        for p in lm.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    compute = numerics(cfg.precision.name).compute_dtype
+    autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
+    x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
+    with OpRecorder() as rec:
+        with autocast:
+            loss = lm(x, x)
+        loss.backward()
+    return rec.ops
+
+
+def work_of(cfg, pp: int = 1) -> Work:
+    """One sequence's work on a rank of a layout with `pp` stages (its blocks' share; the embedding, the head and
+    the loss counted on every stage: the most loaded one's)."""
+    model = cfg.model
+    if isinstance(model, ModelConfig) and model.n_layers > 2:
+        one, source = recorded(cfg, replace(model, n_layers=1))
+        two, _ = recorded(cfg, replace(model, n_layers=2))
+        blocks = model.n_layers / pp
+        return Work(((2.0 - blocks, tuple(one.items())), (blocks - 1.0, tuple(two.items()))),
+                    f"{source}; one block's ops from 1- and 2-block records, x{blocks:g} blocks a stage")
+    ops, source = recorded(cfg, model)
+    return Work(((1.0 / pp, tuple(ops.items())),), source + ("" if pp == 1 else f"; 1/{pp} of it a stage"))

@@ -1,0 +1,76 @@
+"""A step's collectives on a machine's links, as nccl-tests describes them (docs/prediction.md, "Communication"):
+per mesh dim, its bytes x the collective's bus factor / the bus bandwidth of the link it crosses, plus a latency per
+call; and what of it each strategy leaves exposed."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ablate.predict.machine import Machine
+from ablate.predict.step import Step
+
+# nccl-tests' bus-bandwidth factor per mesh dim's collectives (docs: PERFORMANCE.md of nccl-tests)
+BUS_FACTOR = {"dp_shard": lambda n: (n - 1) / n, "dp_replicate": lambda n: 2 * (n - 1) / n,
+              "tp": lambda n: (n - 1) / n, "pp": lambda n: 1.0}
+# the collective each dim's traffic is (FSDP's gathers and reduce-scatters run at one bus bandwidth in nccl-tests,
+# as do the built-in TP plan's, sequence-parallel; a pipeline's, sends)
+KIND = {"dp_shard": "all_gather", "dp_replicate": "all_reduce", "tp": "all_gather", "pp": "send"}
+# ring steps of one call among n ranks (NCCL's tuning model, src/graph/tuning.cc: nsteps)
+STEPS = {"all_gather": lambda n: n - 1, "reduce_scatter": lambda n: n - 1, "all_reduce": lambda n: 2 * (n - 1),
+         "send": lambda n: 1}
+BACKWARD_SHARE = 2 / 3   # of a step's compute: the backward (twice the forward's FLOPs)
+
+
+def crosses_nodes(step: Step, dim: str) -> bool:
+    """A dim's ranks span more than one node: its stride (the product of the dims inside it) x its size."""
+    return step.strides[dim] * step.sizes[dim] > step.nproc_per_node
+
+
+def per_node(step: Step, dim: str) -> int:
+    """How many of a dim's group's ranks share one node (row-major ranks: its stride and size against the node's)."""
+    stride, size = step.strides[dim], step.sizes[dim]
+    return 1 if stride >= step.nproc_per_node else max(1, min(size, step.nproc_per_node // stride))
+
+
+def link_bytes_per_s(step: Step, dim: str, machine: Machine) -> Optional[float]:
+    """The bus bandwidth a dim's collectives get: within a node, what nccl-tests measures for its kind there (the
+    file's collective_gbytes_per_s; else half the NVLink datasheet figure); across nodes, one NIC per rank of the
+    group on each node (NCCL's rings run one per NIC, rail to rail: a group of 8 ranks a node uses 8 NICs, HSDP's
+    replicate dim with one rank a node uses one), at most the node's own bandwidth. Source: nccl-tests' multi-node
+    all-reduce bus bandwidth on 8 x H100 SXM nodes with NDR InfiniBand (one 400 Gb/s NIC a GPU) is 400-450 GB/s at
+    large messages (saturncloud.io/blog/crusoe-nccl-cluster-validation), 8 NICs' 50 GB/s, not one's."""
+    intra = machine.intra_of(KIND[dim])
+    if not crosses_nodes(step, dim):
+        return intra
+    if not machine.inter_bytes_per_s:
+        return None
+    nics = machine.inter_bytes_per_s * per_node(step, dim)
+    return min(nics, intra) if intra else nics
+
+
+def latency_s(step: Step, dim: str, machine: Machine) -> float:
+    """One call's latency: NCCL's ring model, a base plus a hop per ring step, the hop over NVLink or the network
+    (the file's collective_latency_us: base, hop_nvlink, hop_network; none: 0)."""
+    lat = machine.latency or {}
+    hop = lat.get("hop_network" if crosses_nodes(step, dim) else "hop_nvlink", 0.0)
+    return lat.get("base", 0.0) + STEPS[KIND[dim]](step.sizes[dim]) * hop
+
+
+def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {}
+    for dim, nbytes in step.comm_bytes.items():
+        link = link_bytes_per_s(step, dim, machine)
+        if nbytes is None or not link:
+            out[dim] = None
+            continue
+        out[dim] = nbytes * BUS_FACTOR[dim](step.sizes[dim]) / link + \
+            step.calls.get(dim, 0.0) * latency_s(step, dim, machine)
+    return out
+
+
+def exposed(step: Step, dim: str, seconds: float, compute: float) -> float:
+    if dim in ("tp", "pp"):
+        return seconds
+    if dim == "dp_replicate" or step.strategy in ("ddp", "ddp_sync"):
+        return max(0.0, seconds - BACKWARD_SHARE * compute)
+    unit = seconds / (step.n_blocks + 1)   # the first gather and the last reduce-scatter: one unit's
+    return min(seconds, max(0.0, seconds - compute) + unit)

@@ -1,0 +1,39 @@
+"""What one optimizer step asks of each rank of a layout (predict/__init__.py's step_of fills it in)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from ablate.predict.kernels import Work
+
+
+@dataclass
+class Step:
+    """Hardware and model FLOPs of a device, bytes per mesh dim (None: not modelled), the global tokens, the blocks
+    (FSDP's units), the layout's shape and the compute dtype's column; for the per-op compute model, one sequence's
+    ops (`work`), the sequences a rank runs them for and its share of each op (1/tp), the bytes its optimizer step
+    reads and writes; the collective calls per dim (their latency)."""
+    hw_flops: float
+    model_flops: float
+    comm_bytes: Dict[str, Optional[float]]
+    tokens: float
+    n_blocks: int
+    sizes: Dict[str, int]             # mesh dim -> ranks (config/dims.py order)
+    nproc_per_node: int
+    strategy: str                     # parallel.name
+    column: str                       # the compute dtype's datasheet column: bf16 | fp32 | fp8
+    bubble: float = 0.0               # a pipeline's expected bubble
+    strides: Dict[str, int] = field(default_factory=dict)
+    work: Optional[Work] = None
+    sequences: float = 0.0
+    share: float = 1.0
+    optimizer_bytes: float = 0.0
+    calls: Dict[str, float] = field(default_factory=dict)
+
+
+def strides(sizes: Dict[str, int]) -> Dict[str, int]:
+    out, inner = {}, 1
+    for dim in reversed(list(sizes)):
+        out[dim] = inner
+        inner *= sizes[dim]
+    return out
