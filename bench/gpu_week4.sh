@@ -16,7 +16,8 @@
 #                       packed again after each row and on exit (a killed script still returns what finished)
 #   OUT/report.md, OUT/report.csv   the final report over every row
 #   OUT/gpu_week4.log   this script's output;  OUT/gpu.txt   nvidia-smi's name, memory, driver
-#   OUT/plan_vs_measured.txt   ablate.plan's activations and state for each run's overrides beside what it saved
+#   OUT/plan_vs_measured.txt   ablate.plan's activations and state for each run's overrides beside what it saved,
+#                       and its step on this GPU's figures (ablate.calibrate, run first) beside the measured one
 #
 # Usage:  bash bench/gpu_week4.sh [--install-only] [OUT]
 #   OUT       default $OUT (the device tool's folder) or multirun/gpu_week4_<time>
@@ -82,6 +83,12 @@ UNTIL=$(( DEADLINE - 40 ))    # no run starts after this: room for the final rep
 COMMON=(train.device=$DEVICE "logger=${LOGGER:-none}" train.log_every=5 metrics.gemm_probe_n=8192)
 SMALL=(model=small model.max_seq_len=1024 train.seq_len=1024 train.batch_size=16 train.steps=30 train.warmup_steps=10)
 
+# this GPU's own figures first (matmul and SDPA at C4's shapes, memory bandwidth, a launch: docs/prediction.md,
+# "Calibrate"), so that plan_vs_measured.txt sets the per-op model on them beside each run's measured step
+CALIBRATED="$WORK/calibrated.yaml" CAL=("${SMALL[@]}" "${C4_SHAPE[@]}")
+[ "${SMOKE:-0}" = 1 ] && CAL=("${TOY[@]}")
+timeout --kill-after=5 60 "$PY" -m ablate.calibrate --out "$CALIBRATED" "${COMMON[@]}" "${CAL[@]}" \
+  > "$WORK/calibrate.log" 2>&1 && cat "$WORK/calibrate.log" || { say "!! calibrate: see calibrate.log"; CALIBRATED=; }
 ROWS=${ROWS:-c6_pinned c4_bf16 c5_expandable c1_mfu}
 row() {   # row SWEEP RUN_TIMEOUT_S [ablate.sweeps options --] overrides...
   local name=$1 limit=$2; shift 2
@@ -116,7 +123,8 @@ budget=$(( $(left "$DEADLINE") - 10 ))
 timeout --kill-after=5 "$budget" "$PY" -m ablate.report "$WORK" > "$WORK/report.log" 2>&1 || say "!! report: see report.log"
 tail -n 40 "$WORK/report.log"
 # the plan (ablate.plan, fake tensors) against what each run's autograd saved on this GPU's attention kernels
-timeout --kill-after=5 60 "$PY" bench/plan_vs_measured.py "$WORK" > "$WORK/plan_vs_measured.txt" 2>&1 \
+timeout --kill-after=5 60 "$PY" bench/plan_vs_measured.py ${CALIBRATED:+--hardware "$CALIBRATED"} "$WORK" \
+  > "$WORK/plan_vs_measured.txt" 2>&1 \
   || say "!! plan vs measured: see plan_vs_measured.txt"
 cat "$WORK/plan_vs_measured.txt"
 pack

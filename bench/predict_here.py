@@ -51,8 +51,20 @@ CONFIGS = {   # name: (sweep, overrides)
     "default": ("one rank", ""),
     "default batch 32": ("one rank", "train.batch_size=32"),
     "fsdp2 x 2": ("fsdp2", "parallel=fsdp2 launcher.nproc_per_node=2"),
+    # #68's further arms: a pipeline, a ZeRO stage, collectives of 40 MB a call (not predicted by --hardware here)
+    "pipeline 1f1b, pp 2": ("pipeline", "parallel=fsdp2 parallel.pp=2 launcher.nproc_per_node=2 train.batch_size=8"),
+    "zero2 x 2": ("zero", "parallel=zero2 launcher.nproc_per_node=2"),
+    "small fsdp2 x 2": ("large collectives", "model=small parallel=fsdp2 launcher.nproc_per_node=2 train.steps=8 "
+                                             "train.warmup_steps=3"),
 }
 STEPS = "train.steps=30 train.warmup_steps=5 logger=none"
+
+
+def with_model(overrides: str) -> str:
+    """The configuration's overrides on the tiny model unless it names its own; its own step counts win."""
+    model = "" if "model=" in overrides else "model=tiny "
+    steps = " ".join(o for o in STEPS.split() if o.split("=")[0] not in overrides)
+    return f"{model}{overrides} {steps}"
 
 
 def speed_now(ranks: int) -> float:
@@ -68,14 +80,24 @@ def speed_now(ranks: int) -> float:
         torch.set_num_threads(threads)
 
 
-def predicted(overrides: str) -> dict:
-    cfg = config_of(f"model=tiny {overrides}".split())[1]
+def predicted(overrides: str, calibrated: Path = None) -> dict:
+    """`--hardware here`'s prediction (None where it has none), and with `calibrated` the per-op model's on a
+    hardware file `python -m ablate.calibrate` writes for this configuration (its model's shapes, its ranks)."""
+    argv = with_model(overrides).split()
+    cfg = config_of(argv)[1]
     speed = speed_now(cfg.launcher.nproc_per_node)
-    return {"step_time_s": here.predict(cfg)["step_time_s"], "speed": speed}
+    out = {"step_time_s": here.predict(cfg).get("step_time_s"), "speed": speed, "per_op": None}
+    if calibrated:
+        subprocess.run([sys.executable, "-m", "ablate.calibrate", "--out", str(calibrated), *argv], check=True,
+                       stdout=subprocess.DEVNULL)
+        plan = subprocess.run([sys.executable, "-m", "ablate.plan", "--json", "--hardware", str(calibrated), *argv],
+                              check=True, capture_output=True, text=True)
+        out["per_op"] = json.loads(plan.stdout)["predicted"].get("step_time_s")
+    return out
 
 
 def run(overrides: str, run_dir: Path) -> dict:
-    argv = [sys.executable, "-m", "ablate", *f"model=tiny {overrides} {STEPS}".split(), f"hydra.run.dir={run_dir}"]
+    argv = [sys.executable, "-m", "ablate", *with_model(overrides).split(), f"hydra.run.dir={run_dir}"]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     s = json.loads((run_dir / "summary.json").read_text())
     speed = s.get("machine_speed") or {}
@@ -89,43 +111,58 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--per-op", action="store_true", help="also the per-op model on a hardware file calibrated for "
+                                                           "each configuration (python -m ablate.calibrate)")
     args = ap.parse_args()
     configs = {k: v for k, v in CONFIGS.items() if not args.only or k in args.only}
     out = Path(args.out or tempfile.mkdtemp(prefix="predict_here_"))
-    predictions = {name: predicted(o) for name, (_, o) in configs.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    predictions = {name: predicted(o, out / f"calibrated-{i:02d}.yaml" if args.per_op else None)
+                   for i, (name, (_, o)) in enumerate(configs.items())}
     measured = {name: [] for name in configs}
     for r in range(args.repeats):
         for i, (name, (_, o)) in enumerate(configs.items()):
             measured[name].append(run(o, out / f"{i:02d}-r{r}"))
-    rows, errors, scaled_errors, own_errors = {}, [], [], []
-    print(f"{'configuration':<22} {'predicted':>10} {'measured median [min, max]':>32} {'error':>7} "
-          f"{'run own':>10} {'error':>7}")
+    report(configs, predictions, measured, args.repeats, out)
+
+
+def error_text(p, median: float) -> str:
+    return f"{p * 1e3:>7.1f} ms {(p - median) / median:>+7.1%}" if p else f"{'—':>10} {'':>7}"
+
+
+def report(configs, predictions, measured, repeats: int, out: Path) -> None:
+    """Each configuration's predictions (--hardware here, the runs' own, the per-op model's) beside its measured
+    steps; each model's MAPE over the configurations it predicts, and whether each sweep's arms rank alike."""
+    errors = {"here": [], "scaled": [], "own": [], "per-op": []}
+    rows = {"here": {}, "per-op": {}}
+    print(f"{'configuration':<22} {'measured median [min, max]':>32} {'here':>18} {'run own':>18} {'per-op':>18}")
     for name, runs in measured.items():
         steps = [m["step_time_s"] for m in runs]
-        median, p = statistics.median(steps), predictions[name]["step_time_s"]
-        errors.append(abs(p - median) / median)
-        scaled = statistics.median(p * predictions[name]["speed"] / m["speed"] if m["speed"] else p for m in runs)
-        scaled_errors.append(abs(scaled - median) / median)
-        rows[name] = {"predicted": p, "median": median, "measured": steps}
+        median, pred = statistics.median(steps), predictions[name]
+        own = statistics.median(m["own"] for m in runs) if all(m["own"] for m in runs) else None
+        for key, p in (("here", pred["step_time_s"]), ("own", own), ("per-op", pred["per_op"])):
+            if p:
+                errors[key].append(abs(p - median) / median)
+                if key in rows:
+                    rows[key][name] = {"predicted": p, "median": median, "measured": steps}
+        if pred["step_time_s"]:
+            p = pred["step_time_s"]
+            scaled = statistics.median(p * pred["speed"] / m["speed"] if m["speed"] else p for m in runs)
+            errors["scaled"].append(abs(scaled - median) / median)
         off = sum(m["off"] for m in runs)
         note = f"  ({off} run(s) off their calibration)" if off else ""
-        own = statistics.median(m["own"] for m in runs) if all(m["own"] for m in runs) else None
-        if own:
-            own_errors.append(abs(own - median) / median)
-        own_text = f"{own * 1e3:>7.1f} ms {(own - median) / median:>+7.1%}" if own else f"{'—':>10} {'':>7}"
-        print(f"{name:<22} {p * 1e3:>7.1f} ms {median * 1e3:>9.1f} ms [{min(steps) * 1e3:6.1f}, "
-              f"{max(steps) * 1e3:6.1f}] {(p - median) / median:>+7.1%} {own_text}{note}")
-    print(f"MAPE {statistics.mean(errors):.1%} over {len(errors)} configurations ({args.repeats} runs each); "
-          f"scaled by the machine's speed at the prediction and in each run: {statistics.mean(scaled_errors):.1%}; "
-          f"runs in {out}")
-    if own_errors:
-        print(f"the runs' own predictions (each made before its first step, median of its runs): MAPE "
-              f"{statistics.mean(own_errors):.1%} over {len(own_errors)} configurations")
-    for sweep in sorted({s for s, _ in configs.values()}):
-        arms = {n: rows[n] for n, (s, _) in configs.items() if s == sweep}
-        if len(arms) > 1:
-            print(f"  {sweep}: {agreement(arms)}")
-
+        print(f"{name:<22} {median * 1e3:>9.1f} ms [{min(steps) * 1e3:6.1f}, {max(steps) * 1e3:6.1f}] "
+              f"{error_text(pred['step_time_s'], median)} {error_text(own, median)} "
+              f"{error_text(pred['per_op'], median)}{note}")
+    for key, errs in errors.items():
+        if errs:
+            print(f"MAPE {key}: {statistics.mean(errs):.1%} over {len(errs)} configurations ({repeats} runs each)")
+    print(f"runs in {out}")
+    for key, by_name in rows.items():
+        for sweep in sorted({s for s, _ in configs.values()}):
+            arms = {n: by_name[n] for n, (s, _) in configs.items() if s == sweep and n in by_name}
+            if len(arms) > 1:
+                print(f"  {key}, {sweep}: {agreement(arms)}")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,176 @@
+"""`python -m ablate.calibrate [--out FILE] [--config-dir DIR] OVERRIDES`: measure, on the machine at hand, every
+figure of the step-time model it can (docs/prediction.md, "Calibrate"), and write them as a hardware file
+(conf/hardware's keys, each figure's provenance in `provenance`) that `ablate.plan --hardware FILE` reads:
+
+- matmul_tflops: torch.mm at the model's feed-forward shape (a micro-batch's tokens x dim x ffn_hidden; a user's
+  model: 1024^3), per dtype column the device runs (a CPU: fp32 and bf16), the median of timed repeats;
+- attention_tflops: SDPA forward and backward at the model's heads, head size and sequence, causal, in
+  FlashAttention's FLOP convention (predict/kernels.py);
+- memory_gbytes_per_s: a large elementwise add (two reads, one write);
+- launch_us: one op on one-element tensors (a CPU's dispatch; a GPU's, synchronised at the end);
+- collective_gbytes_per_s, collective_latency_us: the lockstep probe (predict/collectives.py) among the local
+  processes a run would have (launcher.nproc_per_node), a line fitted per kind: its slope is nccl-tests' bus
+  bandwidth, its intercept the latency of a call;
+- peak_tflops: the measured matmul rates (on a CPU there is no datasheet: MFU against what this machine does).
+Nothing is fitted to training: each figure is one kernel's, timed alone.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import psutil
+import torch
+import yaml
+
+from ablate import usable_cores
+from ablate.compose import config_of
+from ablate.config import ConfigError, ModelConfig, exit_code_of
+from ablate.metrics.host import cpu_model
+from ablate.predict import collectives
+from ablate.predict.network import BUS_FACTOR
+
+COLUMNS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BUS = {"all_gather": BUS_FACTOR["dp_shard"], "reduce_scatter": BUS_FACTOR["dp_shard"],
+       "all_reduce": BUS_FACTOR["dp_replicate"]}
+
+
+def timed(fn: Callable[[], object], device: torch.device, least_s: float = 0.3) -> float:
+    """The median seconds of one call: warmed once, then repeated in batches until `least_s` has passed."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
+    samples: List[float] = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < least_s or len(samples) < 3:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def shapes(cfg) -> Dict[str, int]:
+    m, t = cfg.model, cfg.train
+    if isinstance(m, ModelConfig):
+        return {"tokens": t.batch_size * t.seq_len, "dim": m.dim, "ffn": m.ffn_hidden, "batch": t.batch_size,
+                "heads": m.n_heads, "head_dim": m.dim // m.n_heads, "seq": t.seq_len}
+    return {"tokens": 1024, "dim": 1024, "ffn": 1024, "batch": t.batch_size, "heads": 8, "head_dim": 64,
+            "seq": t.seq_len}
+
+
+def matmul_rate(s: Dict[str, int], dtype, device) -> float:
+    a = torch.randn(s["tokens"], s["dim"], dtype=dtype, device=device)
+    b = torch.randn(s["dim"], s["ffn"], dtype=dtype, device=device)
+    return 2.0 * s["tokens"] * s["dim"] * s["ffn"] / timed(lambda: a @ b, device)
+
+
+def attention_rate(s: Dict[str, int], dtype, device) -> float:
+    q = torch.randn(s["batch"], s["heads"], s["seq"], s["head_dim"], dtype=dtype, device=device, requires_grad=True)
+    grad = torch.randn_like(q)
+
+    def step():
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).backward(grad)
+
+    forward = 4.0 * s["batch"] * s["heads"] * s["seq"] ** 2 * s["head_dim"] * 0.5
+    return forward * 3.5 / timed(step, device)   # forward + backward (2.5x), FlashAttention's convention
+
+
+def memory_rate(device) -> float:
+    n = 1 << 24   # 64 MB a float32 operand: past any cache
+    a, b = torch.randn(n, device=device), torch.randn(n, device=device)
+    out = torch.empty_like(a)
+    return 3.0 * 4 * n / timed(lambda: torch.add(a, b, out=out), device)
+
+
+def launch_seconds(device) -> float:
+    a = torch.ones(1, device=device)
+    return timed(lambda: [a.add(1.0) for _ in range(100)], device) / 100
+
+
+def collective_figures(procs: int) -> Dict[str, Dict[str, float]]:
+    """{kind: busbw bytes/s} and {base: latency s} from the lockstep probe's least-work segment, `procs` local
+    processes in one group."""
+    entry = collectives.table(procs, [procs])[procs]   # cached per host, as the runs' own predictions read it
+    segment = entry["costs"][0]
+    busbw, latencies = {}, []
+    for kind, factor in BUS.items():
+        latency, per_byte = collectives.fit_line(segment[kind])
+        busbw[kind] = factor(procs) / per_byte if per_byte else None
+        latencies.append(latency)
+    return {"busbw": {k: v for k, v in busbw.items() if v}, "latency": {"base": statistics.median(latencies)}}
+
+
+def measured(cfg, device: torch.device, procs: int) -> Dict[str, object]:
+    """Every figure this machine gives, with its provenance."""
+    s = shapes(cfg)
+    part = cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    stamp = (f"measured here ({socket.gethostname()}, {part}, torch {torch.__version__}, "
+             f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+    matmul = {c: matmul_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
+    attention = {c: attention_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
+    out: Dict[str, object] = {
+        "matmul_tflops": matmul, "attention_tflops": attention,
+        "memory_gbytes_per_s": memory_rate(device) / 1e9, "launch_us": launch_seconds(device) * 1e6}
+    provenance = {"matmul_tflops": f"{stamp}): torch.mm {s['tokens']} x {s['dim']} x {s['ffn']}, median",
+                  "attention_tflops": f"{stamp}): SDPA causal forward + backward, batch {s['batch']}, {s['heads']} "
+                                      f"heads of {s['head_dim']}, {s['seq']} tokens",
+                  "memory_gbytes_per_s": f"{stamp}): torch.add of two 64 MB float32 tensors",
+                  "launch_us": f"{stamp}): one add on a one-element tensor"}
+    if procs > 1 and device.type == "cpu":
+        figures = collective_figures(procs)
+        out["collective_gbytes_per_s"] = {k: v / 1e9 for k, v in figures["busbw"].items()}
+        out["collective_latency_us"] = {"base": figures["latency"]["base"] * 1e6, "hop_nvlink": 0.0,
+                                        "hop_network": 0.0}
+        provenance["collective_gbytes_per_s"] = (f"{stamp}): the lockstep probe, {procs} gloo processes, a line "
+                                                 "fitted per kind (slope: bus bandwidth, intercept: latency)")
+    out["provenance"] = provenance
+    return out
+
+
+def hardware_file(figures: Dict[str, object], device: torch.device, threads: int) -> Dict[str, object]:
+    cpu = device.type == "cpu"
+    name = f"calibrated-{socket.gethostname()}"
+    memory = psutil.virtual_memory().total if cpu else torch.cuda.get_device_properties(device).total_memory
+    busbw = figures.get("collective_gbytes_per_s") or {}
+    return {"name": name, "device_names": ["CPU" if cpu else torch.cuda.get_device_name(device)],
+            "memory_gib": round(memory / 2**30, 2), "peak_tflops": dict(figures["matmul_tflops"]),
+            "nvlink_gbytes_per_s": 2 * busbw["all_gather"] if busbw.get("all_gather") else None,
+            "network_gbits_per_s": None, **figures,
+            "provenance": {**figures["provenance"], "peak_tflops": "the measured matmul rates (no datasheet)",
+                           "threads": f"{threads} per process"}}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m ablate.calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="calibrated.yaml", help="the hardware file to write (default: %(default)s)")
+    ap.add_argument("--config-dir", action="append", default=[], help="your config directory (as python -m ablate)")
+    ap.add_argument("overrides", nargs="*", help="the run to calibrate for (its model's shapes, its processes)")
+    return ap
+
+
+def main(argv: List[str] = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = config_of([*(f"--config-dir={d}" for d in args.config_dir), *args.overrides])[1]
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        procs = cfg.launcher.nproc_per_node
+        threads = max(1, usable_cores() // procs)
+        torch.set_num_threads(threads)
+        node = hardware_file(measured(cfg, device, procs), device, threads)
+        Path(args.out).write_text(yaml.safe_dump(node, sort_keys=False))
+    except ConfigError as e:
+        return exit_code_of(e)
+    except OSError as e:
+        print(f"--out {args.out}: cannot be written ({e.strerror})", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: matmul {node['matmul_tflops']}, attention {node['attention_tflops']} TFLOP/s, "
+          f"memory {node['memory_gbytes_per_s']:.1f} GB/s, launch {node['launch_us']:.1f} us; "
+          f"python -m ablate.plan --hardware {args.out} ... predicts with them")
+    return 0
