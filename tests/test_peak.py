@@ -117,7 +117,7 @@ def test_the_plan_says_whether_the_peak_fits_a_gpu(tmp_path, capsys):
         assert p["fits"] is fits and p["memory_left_bytes"] == pytest.approx(p["hardware"]["memory_bytes"]
                                                                               - p["peak_bytes"])
     code = plan.main(["--hardware", "nosuch", "model=tiny"])
-    assert code == 2 and "valid: a100_80gb, b200, h100_pcie, h100_sxm, h200" in capsys.readouterr().err
+    assert code == 2 and "valid: a100_80gb, b200, h100_96gb_500w, h100_pcie, h100_sxm, h200" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("overrides", [
