@@ -9,7 +9,7 @@ BAD = [
     (["train.steps=-1"], "train.steps=-1"),
     (["train.grad_accum=0"], "train.grad_accum=0"),
     (["train.steps=abc"], "train.steps=abc"),
-    (["model=huge"], "valid choices: 1b, 70b, 8b, hf, small, tiny"),
+    (["model=huge"], "valid choices: 1b, 405b, 70b, 8b, hf, small, tiny"),
     (["-m", "precision=fp32,fp13"], "precision=fp13"),
 ]
 
@@ -64,7 +64,7 @@ def test_a_users_own_config_dir_adds_choices(tmp_path, monkeypatch):
     assert code == 0
     assert (tmp_path / "run" / "summary.json").exists()
     wrong = run_cli(["--config-dir", str(tmp_path / "conf"), "model=nine", f"hydra.run.dir={tmp_path}/x"])
-    assert wrong.returncode == 2 and "valid choices: 1b, 70b, 8b, hf, mine, small, tiny" in wrong.stderr
+    assert wrong.returncode == 2 and "valid choices: 1b, 405b, 70b, 8b, hf, mine, small, tiny" in wrong.stderr
 
 
 def test_hydras_own_flags_pass_through(tmp_path):
@@ -124,7 +124,7 @@ def test_library_code_raises_and_only_the_entry_points_exit():
     from conftest import REPO
 
     allowed = {"__main__.py", "sweeps/__main__.py", "report/__main__.py", "baseline/__main__.py", "tune/__main__.py",
-               "check/__main__.py", "plan/__main__.py", "maxbatch/__main__.py",
+               "check/__main__.py", "plan/__main__.py", "maxbatch/__main__.py", "calibrate/__main__.py",
                "launcher/local.py", "train/signals.py", "sweeps/allocation.py"}
     package = REPO / "src" / "ablate"
     found = {str(p.relative_to(package)) for p in package.rglob("*.py")

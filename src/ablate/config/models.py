@@ -29,7 +29,7 @@ def checkpointing_mode(value: Any):
 
 @dataclass
 class ModelConfig:
-    """The built-in Llama-style decoder (`model=tiny|small|1b|8b|70b`, each file starting from `base_llama`).
+    """The built-in Llama-style decoder (`model=tiny|small|1b|8b|70b|405b`, each file starting from `base_llama`).
     Sizes follow Meta's published Llama 3 configs (see conf/model/*.yaml)."""
     name: str = "tiny"   # the size's label (recorded; the file sets it)
     dim: int = num(64, 1)                  # hidden size

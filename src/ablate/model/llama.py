@@ -1,4 +1,4 @@
-"""The built-in model (`model=tiny|small|1b|8b|70b`): a Llama-style decoder: RMSNorm, RoPE, SwiGLU,
+"""The built-in model (`model=tiny|small|1b|8b|70b|405b`): a Llama-style decoder: RMSNorm, RoPE, SwiGLU,
 grouped-query attention, SDPA.
 
 One screen per idea, nanoGPT style. `attention="math"` spells attention out as matmuls so that
