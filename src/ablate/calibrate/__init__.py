@@ -17,6 +17,7 @@ Nothing is fitted to training: each figure is one kernel's, timed alone.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import sys
@@ -157,6 +158,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: List[str] = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    folder = Path(args.out).resolve().parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK)):   # said before a minute of measuring, not after
+        print(f"ablate.calibrate: error: --out {args.out}: {folder} is not a folder this user can write to",
+              file=sys.stderr)
+        return 2
     try:
         cfg = config_of([*(f"--config-dir={d}" for d in args.config_dir), *args.overrides])[1]
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
