@@ -184,7 +184,7 @@ def test_a_rank_s_ops_are_recorded_once_per_class_and_a_block_repeats():
 
     cfg = validate(compose_cfg(["model=tiny", "model.n_layers=4", "precision=bf16",
                                 "model.activation_checkpointing=selective"]))
-    whole = kernels.Work(((1.0, tuple(kernels.recorded(cfg, cfg.model)[0].items())),), "whole")
+    whole = kernels.Work(((1.0, tuple(kernels.recorded(cfg, cfg.model).items())),))
     def priced(kind, flops, moved):
         return {"matmul": 1.0, "attention": 3.0, "memory": 0.0}[kind] * flops + moved * 1e-3 + 7.0
     assert kernels.work_of(cfg).cost(priced, 3, 0.5) == pytest.approx(whole.cost(priced, 3, 0.5))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -103,6 +103,7 @@ def _plain(cfg):
     return _without_checkpointing(cfg) if cfg.activation_checkpointing else cfg
 
 
+T = TypeVar("T")
 Saved = Tuple[SavedTensors, List[int], Optional[int], Dict[str, object], List[Optional[int]], str]
 
 
@@ -133,19 +134,9 @@ def saved_on_fake(cfg: AblateConfig, tp: int = 1) -> Saved:
         _SAVED[key] = (saved.repeated(model.n_layers), *shapes(_plain(model))[:1], vocab,
                        *shapes(_plain(model))[1:], source)
         return _SAVED[key]
-    compute = numerics(cfg.precision.name).compute_dtype
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")   # logs each kernel that fails, traceback and all:
-    level, fake_log.level = fake_log.level, logging.CRITICAL        # a model it cannot run is said once, below
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            _SAVED[key] = _forward(cfg, "cpu", compute, tp) + ("fake tensors, the run's attention and precision",)
-    except ModelContractError:
-        raise
-    except Exception:   # a model fake tensors cannot run (data-dependent shapes): the meta device, no autocast
-        _SAVED[key] = _forward(cfg, "meta", None, tp) + \
-            ("meta device, float32 (this model does not run on fake tensors)",)
-    finally:
-        fake_log.setLevel(level)
+    result, on_fake = on_fake_or_meta(lambda device: _forward(cfg, device, tp))
+    _SAVED[key] = result + ("fake tensors, the run's attention and precision" if on_fake else
+                            "meta device, float32 (this model does not run on fake tensors)",)
     return _SAVED[key]
 
 
@@ -161,17 +152,41 @@ def shapes(model_cfg) -> Tuple[List[int], Dict[str, object], List[Optional[int]]
     return _SHAPES[key]
 
 
-def _forward(cfg: AblateConfig, device: str, compute, tp: int) -> Tuple:
+def on_fake_or_meta(measure: Callable[[str], T]) -> Tuple[T, bool]:
+    """(measure("cpu") on fake CPU tensors, True), or for a model fake tensors cannot run (data-dependent shapes)
+    (measure("meta"), False): a model's forward measured without memory or FLOPs (here and predict/kernels.py). A
+    ModelContractError is the model's own, raised."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")   # logs each kernel that fails, traceback and all:
+    level, fake_log.level = fake_log.level, logging.CRITICAL        # a model it cannot run is said once, by the caller
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return measure("cpu"), True
+    except ModelContractError:
+        raise
+    except Exception:   # the meta device, no autocast
+        return measure("meta"), False
+    finally:
+        fake_log.setLevel(level)
+
+
+def computing_as_run(lm, cfg: AblateConfig, device: str):
+    """`lm` set to compute as the run does: FSDP2's mixed precision puts the blocks on bf16 parameters (their data
+    swapped: Module.to cannot swap fake tensors); the returned context is the run's autocast (fake CPU tensors only)."""
+    if cfg.parallel.param_dtype == "bf16":
+        for p in lm.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    compute = numerics(cfg.precision.name).compute_dtype
+    return torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
+
+
+def _forward(cfg: AblateConfig, device: str, tp: int) -> Tuple:
     lm = build(_plain(cfg.model), device)
     numels = [p.numel() for p in lm.parameters()]   # the whole model's: the state plan splits them itself
-    if cfg.parallel.param_dtype == "bf16":   # FSDP2's mixed precision: the blocks compute on bf16 parameters (the
-        for p in lm.parameters():            # parameters' data swapped: Module.to cannot swap fake tensors)
-            p.data = p.data.to(torch.bfloat16)
+    autocast = computing_as_run(lm, cfg, device)
     block_of = {id(p): i for i, block in enumerate(lm.blocks.modules) for p in block.parameters()}
     param_block = [block_of.get(id(p)) for p in lm.parameters()]
     one_rank_of(lm.net, cfg.model, tp)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
-    autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
     vocab = vocab_size_of(lm.net)
     with autocast, SavedTensors(lm.blocks.modules, vocab) as saved, \
             checkpointing.KeptBySelective(lm.blocks.modules) as kept:

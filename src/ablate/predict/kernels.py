@@ -17,20 +17,17 @@ a block is their difference), any other model whole.
 """
 from __future__ import annotations
 
-import logging
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Dict, List, Tuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ablate.config import ModelConfig
 from ablate.model import build
-from ablate.precision import numerics
+from ablate.model.facts import computing_as_run, on_fake_or_meta
 
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_mm", "_scaled_grouped_mm"}
 ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention")   # SDPA's kernels, either direction
@@ -96,54 +93,36 @@ def attention_flops(func, args, kwargs) -> float:
 class Work:
     """One sequence's ops on one rank of a layout, as weighted records: Σ weight x (each op's cost) is the work."""
     parts: Tuple[Tuple[float, Tuple[Tuple[Op, int], ...]], ...]
-    source: str
 
-    def cost(self, seconds_of, sequences: float, share: float) -> float:
-        """Seconds for `sequences` sequences at `share` of each op (1/tp): Σ weight x count x seconds_of(class,
-        FLOPs, bytes) with FLOPs and bytes scaled."""
-        scale = sequences * share
-        return sum(weight * count * seconds_of(kind, flops * scale, moved * scale)
-                   for weight, ops in self.parts for (kind, flops, moved), count in ops)
-
-    def totals(self, sequences: float, share: float) -> Dict[str, float]:
-        """FLOPs, bytes and kernels per class (for the record: what the time is of)."""
-        out: Dict[str, float] = {}
-        scale = sequences * share
+    def cost_by_class(self, seconds_of, sequences: float, share: float) -> Dict[str, float]:
+        """Seconds per op class for `sequences` sequences at `share` of each op (1/tp), in one pass: Σ weight x
+        count x seconds_of(class, FLOPs, bytes) with FLOPs and bytes scaled."""
+        scale, out = sequences * share, {}
         for weight, ops in self.parts:
             for (kind, flops, moved), count in ops:
-                out[f"{kind}_flops"] = out.get(f"{kind}_flops", 0.0) + weight * count * flops * scale
-                out[f"{kind}_bytes"] = out.get(f"{kind}_bytes", 0.0) + weight * count * moved * scale
-                out["kernels"] = out.get("kernels", 0.0) + weight * count
+                out[kind] = out.get(kind, 0.0) + weight * count * seconds_of(kind, flops * scale, moved * scale)
         return out
+
+    def cost(self, seconds_of, sequences: float, share: float) -> float:
+        return sum(self.cost_by_class(seconds_of, sequences, share).values())
 
 
 _RECORDED: Dict[str, Counter] = {}
 
 
-def recorded(cfg, model_cfg) -> Tuple[Counter, str]:
+def recorded(cfg, model_cfg) -> Counter:
     """The ops of one sequence's training step of `model_cfg` (fake tensors; the meta device for a model they
-    cannot run), once per process for a model, sequence, precision and parameter dtype."""
+    cannot run: SDPA there is its math, an upper figure), once per process for a model, sequence, precision and
+    parameter dtype."""
     key = repr((model_cfg, cfg.train.seq_len, cfg.precision.name, cfg.parallel.param_dtype))
     if key not in _RECORDED:
-        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-        level, fake_log.level = fake_log.level, logging.CRITICAL
-        try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                _RECORDED[key] = (_record(cfg, model_cfg, "cpu"), "fake tensors, the run's attention and precision")
-        except Exception:   # data-dependent shapes: the meta device (SDPA there is its math: an upper figure)
-            _RECORDED[key] = (_record(cfg, model_cfg, "meta"), "meta device (the model does not run on fake tensors)")
-        finally:
-            fake_log.setLevel(level)
+        _RECORDED[key] = on_fake_or_meta(lambda device: _record(cfg, model_cfg, device))[0]
     return _RECORDED[key]
 
 
 def _record(cfg, model_cfg, device: str) -> Counter:
     lm = build(model_cfg, device)
-    if cfg.parallel.param_dtype == "bf16":   # FSDP2's mixed precision: the blocks compute on bf16 parameters
-        for p in lm.parameters():
-            p.data = p.data.to(torch.bfloat16)
-    compute = numerics(cfg.precision.name).compute_dtype
-    autocast = torch.autocast("cpu", dtype=compute) if compute is not None and device == "cpu" else nullcontext()
+    autocast = computing_as_run(lm, cfg, device)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
     with OpRecorder() as rec:
         with autocast:
@@ -157,10 +136,7 @@ def work_of(cfg, pp: int = 1) -> Work:
     the loss counted on every stage: the most loaded one's)."""
     model = cfg.model
     if isinstance(model, ModelConfig) and model.n_layers > 2:
-        one, source = recorded(cfg, replace(model, n_layers=1))
-        two, _ = recorded(cfg, replace(model, n_layers=2))
-        blocks = model.n_layers / pp
-        return Work(((2.0 - blocks, tuple(one.items())), (blocks - 1.0, tuple(two.items()))),
-                    f"{source}; one block's ops from 1- and 2-block records, x{blocks:g} blocks a stage")
-    ops, source = recorded(cfg, model)
-    return Work(((1.0 / pp, tuple(ops.items())),), source + ("" if pp == 1 else f"; 1/{pp} of it a stage"))
+        one, two = recorded(cfg, replace(model, n_layers=1)), recorded(cfg, replace(model, n_layers=2))
+        blocks = model.n_layers / pp   # a stage's: one block's ops are the 2-block record's less the 1-block one's
+        return Work(((2.0 - blocks, tuple(one.items())), (blocks - 1.0, tuple(two.items()))))
+    return Work(((1.0 / pp, tuple(recorded(cfg, model).items())),))

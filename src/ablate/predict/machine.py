@@ -55,8 +55,8 @@ def compute_seconds(step: Step, machine: Machine) -> Tuple[float, Dict[str, floa
     def seconds_of(kind: str, flops: float, moved: float) -> float:
         return max(flops / rates[kind] if kind in rates else 0.0, moved / bandwidth, launch)
 
-    parts = {kind: step.work.cost(lambda k, f, b, kind=kind: seconds_of(k, f, b) if k == kind else 0.0,
-                                  step.sequences, step.share) for kind in CLASSES}
+    by_class = step.work.cost_by_class(seconds_of, step.sequences, step.share)
+    parts = {kind: by_class.get(kind, 0.0) for kind in CLASSES}
     parts["optimizer"] = step.optimizer_bytes / bandwidth
     return sum(parts.values()), parts
 
@@ -72,10 +72,9 @@ def of_hardware(hw) -> Machine:
               f"sources in {hw.source})" if per_op else
               "measured matmul rate (the file's matmul_tflops)" if measured else
               "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)")
-    latency = {k.replace("_us", ""): v for k, v in (hw.collective_latency_s or {}).items()}
     return Machine({**hw.peak_flops, **(measured or {})}, hw.peak_flops, nvlink, hw.network_bytes_per_s, source,
                    hw.name, hw.attention_flops, hw.memory_bytes_per_s, hw.launch_s or 0.0, hw.collective_bytes_per_s,
-                   latency or None)
+                   hw.collective_latency_s)
 
 
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
