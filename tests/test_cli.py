@@ -9,7 +9,8 @@ BAD = [
     (["train.steps=-1"], "train.steps=-1"),
     (["train.grad_accum=0"], "train.grad_accum=0"),
     (["train.steps=abc"], "train.steps=abc"),
-    (["model=huge"], "valid choices: 1b, 405b, 70b, 8b, hf, small, tiny"),
+    (["model=huge"], "valid choices: 1b, 405b, 70b, 8b, deepseek_moe_16b, hf, mixtral_8x7b, moe_small, moe_tiny, "
+                     "small, tiny"),
     (["-m", "precision=fp32,fp13"], "precision=fp13"),
 ]
 
@@ -64,7 +65,8 @@ def test_a_users_own_config_dir_adds_choices(tmp_path, monkeypatch):
     assert code == 0
     assert (tmp_path / "run" / "summary.json").exists()
     wrong = run_cli(["--config-dir", str(tmp_path / "conf"), "model=nine", f"hydra.run.dir={tmp_path}/x"])
-    assert wrong.returncode == 2 and "valid choices: 1b, 405b, 70b, 8b, hf, mine, small, tiny" in wrong.stderr
+    assert wrong.returncode == 2 and ("valid choices: 1b, 405b, 70b, 8b, deepseek_moe_16b, hf, mine, mixtral_8x7b, "
+                                                "moe_small, moe_tiny, small, tiny") in wrong.stderr
 
 
 def test_hydras_own_flags_pass_through(tmp_path):

@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional
 
 from ablate.config.errors import ConfigError
 from ablate.config.fields import check_ranges, choice, num
+from ablate.config.moe import MoEConfig
 from ablate.config.tp_plan import Split, decode_plan
 
 CHECKPOINTING = ("false", "true", "an integer k >= 2 (every k-th block)", "selective")
@@ -46,6 +47,7 @@ class ModelConfig:
     # (per op: the matmuls' and attention's outputs kept but every second matmul's): model/checkpointing.py
     activation_checkpointing: Any = False
     attention: str = "sdpa"        # sdpa: fused kernel; math: explicit matmuls (countable by FlopCounterMode)
+    moe: Optional[MoEConfig] = None   # a mixture of experts in every block's feed-forward (config/moe.py); null: dense
 
     def __post_init__(self):
         check_ranges(self, "model")

@@ -23,6 +23,7 @@ class ParallelConfig:
     name: str = "none"   # none | ddp | ddp_sync | fsdp2 | hsdp | zero1 | zero2 | zero3
     tp: int = num(1, 1)                  # tensor-parallel degree: ranks that split each layer (the mesh's inner dim)
     pp: int = num(1, 1)                  # pipeline stages' ranks: the model cut into stages by blocks (outer dim)
+    ep: int = num(1, 1)                  # expert-parallel degree: ranks of dp_shard that split a mixture's experts
     pp_schedule: str = "1f1b"            # gpipe | 1f1b | interleaved_1f1b | zero_bubble (torch.distributed.pipelining)
     pp_microbatches: Optional[int] = num(None, 1, null="parallel.pp micro-batches")   # the batch cut for the schedule
     pp_stages_per_rank: int = num(1, 1)  # v: stages each pp rank holds (interleaved_1f1b, zero_bubble: v > 1)

@@ -47,11 +47,29 @@ class FlopsPerToken:
     hardware: float   # for HFU (recompute included)
 
 
-def block_matmul_params(cfg: ModelConfig) -> int:
+def ffn_matmul_params(cfg: ModelConfig, active: bool = True) -> int:
+    """A block's feed-forward matmul parameters: the SwiGLU's; a mixture of experts' router and, active, the k
+    experts a token is routed to (what its FLOPs see) or, not, every expert (what memory holds), and the shared
+    ones."""
+    if cfg.moe is None:
+        return 3 * cfg.dim * cfg.ffn_hidden
+    m = cfg.moe
+    experts = m.top_k if active else m.experts
+    return cfg.dim * m.experts + 3 * cfg.dim * (m.hidden or cfg.ffn_hidden) * (experts + m.shared_experts)
+
+
+def ffn_w2_params(cfg: ModelConfig) -> int:
+    """A block's last feed-forward matmul, per token (full recompute stops before it): w2, or the k experts' and the
+    shared ones' w2."""
+    if cfg.moe is None:
+        return cfg.ffn_hidden * cfg.dim
+    return (cfg.moe.hidden or cfg.ffn_hidden) * cfg.dim * (cfg.moe.top_k + cfg.moe.shared_experts)
+
+
+def block_matmul_params(cfg: ModelConfig, active: bool = True) -> int:
     head_dim = cfg.dim // cfg.n_heads
     attn = cfg.dim * head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
-    ffn = 3 * cfg.dim * cfg.ffn_hidden
-    return cfg.n_layers * (attn + ffn)
+    return cfg.n_layers * (attn + ffn_matmul_params(cfg, active))
 
 
 def training_flops(cfg: ModelConfig, tokens: float, tokens_x_len: float) -> FlopsPerToken:
@@ -78,7 +96,7 @@ def recompute_flops(cfg: ModelConfig, tokens: float, attn_fwd: float) -> float:
     if mode == "selective":
         dropped = cfg.dim * cfg.n_kv_heads * head_dim + cfg.n_heads * head_dim * cfg.dim + cfg.dim * cfg.ffn_hidden
         return 2.0 * layers * dropped * tokens + (attn_fwd if cfg.attention == "math" else 0.0)
-    w2 = layers * cfg.ffn_hidden * cfg.dim
+    w2 = layers * ffn_w2_params(cfg)
     whole = 2 * (block_matmul_params(cfg) - w2) * tokens + attn_fwd
     share = 1.0 if mode is True else -(-layers // mode) / layers   # blocks 0, k, 2k, ... of the layers
     return whole * share

@@ -3,7 +3,8 @@
 - it maps token ids `[batch, seq]` (int64) to logits `[batch, seq, vocab]`; an output with `.logits` (what a
   transformers model returns) is accepted;
 - ablate computes the loss: the shifted cross-entropy (targets are the next tokens, made by the data), in
-  float32 whatever the compute precision;
+  float32 whatever the compute precision, plus the model's own auxiliary loss if it has one (`aux_loss_of`: a
+  mixture of experts' balance loss);
 - `vocab_size` comes from the model (its `vocab_size` attribute, or its `config.vocab_size`, as transformers
   models have it), else from the logits' last dimension;
 - its repeated blocks (FSDP2's shard units, activation checkpointing's and compile's unit) are the largest
@@ -93,8 +94,21 @@ class LanguageModel(nn.Module):
         self.__dict__["blocks"] = blocks   # not registered twice: the blocks are already inside `net`
 
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None):
-        logits = logits_of(self.net(tokens), tokens)
-        return logits if targets is None else loss_of(logits, targets)
+        output = self.net(tokens)
+        logits = logits_of(output, tokens)
+        if targets is None:
+            return logits
+        loss, extra = loss_of(logits, targets), aux_loss_of(self.net, output)
+        return loss if extra is None else loss + extra
+
+
+def aux_loss_of(net: nn.Module, output) -> Optional[torch.Tensor]:
+    """A loss the model adds to ablate's (a mixture of experts' balance loss): the network's `aux_loss()` after its
+    forward (the built-in Llama's), or its output's `.aux_loss` (transformers' MoE models when asked for their router
+    logits); None for most models."""
+    method = getattr(net, "aux_loss", None)
+    found = method() if callable(method) else getattr(output, "aux_loss", None)
+    return found if isinstance(found, torch.Tensor) else None
 
 
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

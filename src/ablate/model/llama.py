@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.config import ModelConfig
+from ablate.model.moe import MoE
+from ablate.model.swiglu import SwiGLU
 
 
 class RMSNorm(nn.Module):
@@ -71,26 +73,14 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        # a SwiGLU, or a mixture of SwiGLU experts (model/moe.py)
+        self.feed_forward = MoE(cfg.dim, cfg.ffn_hidden, cfg.moe) if cfg.moe else SwiGLU(cfg.dim, cfg.ffn_hidden)
 
     def forward(self, x, cos, sin):
         # (model.activation_checkpointing wraps this per block, as for any model's blocks: model/checkpointing.py)
@@ -118,9 +108,15 @@ class Transformer(nn.Module):
         if self.tok_embeddings.weight.is_meta:
             return
         for name, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            if p.dim() >= 2:   # (a mixture of experts' stacked weights: 3-D)
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight", "w2")) \
+                    else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
+
+    def aux_loss(self):
+        """The experts' balance losses of the last forward, summed (None: a dense model's, or none asked)."""
+        losses = [m.aux_loss for m in self.modules() if isinstance(m, MoE) and m.aux_loss is not None]
+        return sum(losses) if losses else None
 
     def forward(self, tokens):
         t = tokens.shape[1]

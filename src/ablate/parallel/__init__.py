@@ -82,7 +82,8 @@ def check(cfg: AblateConfig, has_cuda: bool) -> None:
 
 def build(cfg: AblateConfig, model, device, layout: Layout, mesh, cut=None):
     """The strategy for `parallel=` over the run's mesh, owning the numerics of `precision=` (see precision.py).
-    fp8 layers are converted first, then tensor parallelism splits the layers (tp.py), then the model is cut into
+    fp8 layers are converted first, then tensor parallelism splits the layers (tp.py) and expert parallelism the
+    experts (ep.py), then the model is cut into
     this rank's pipeline stages (`cut`: model/stages.py's split), then torch.compile (per block), then the strategy
     wraps the model over the data-parallel dims (torchtitan's order)."""
     prec = Precision(cfg.precision, device)
@@ -91,6 +92,10 @@ def build(cfg: AblateConfig, model, device, layout: Layout, mesh, cut=None):
         from ablate.parallel import tp
 
         tp.parallelize(model, cfg.model, mesh["tp"], cfg.parallel.vocab_parallel)
+    if layout.ep > 1:   # a mixture's experts split over ep, its tokens sent to them (ep.py)
+        from ablate.parallel import ep
+
+        ep.parallelize(model, mesh["ep"])
     if cut is not None:   # this rank's pipeline stages (model/stages.py, outlined before any layer was split)
         model = cut(model)
     if cfg.train.compile:   # per block, as torchtitan does: identical blocks share one compiled graph, so a

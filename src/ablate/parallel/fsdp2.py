@@ -19,7 +19,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ablate.config import ConfigError
 from ablate.parallel.base import TorchStrategy
-from ablate.parallel.mesh import Layout
+from ablate.parallel.ep import experts_of
+from ablate.parallel.mesh import EXPERT_SHARD, Layout
 from ablate.parallel.state_bytes import Breakdown
 from ablate.precision import Precision
 
@@ -33,6 +34,12 @@ def mixed_precision(parallel) -> MixedPrecisionPolicy:
                                 reduce_dtype=DTYPES[parallel.reduce_dtype])
 
 
+def expert_mesh(mesh, layout: Layout):
+    """The mesh a rank's experts are sharded over: the data-sharding ranks that hold the same experts (and the
+    replicas, HSDP)."""
+    return mesh[EXPERT_SHARD] if layout.dp_replicate == 1 else mesh["dp_replicate", EXPERT_SHARD]
+
+
 def data_parallel_mesh(mesh, layout: Layout):
     """The mesh FSDP shards over: 1-D (dp_shard) without replicas, 2-D (dp_replicate, dp_shard) with them (HSDP)."""
     return mesh["dp_shard"] if layout.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
@@ -42,6 +49,16 @@ class FSDP2(TorchStrategy):
     def __init__(self, model, parallel, train, optim_cfg, precision, device, layout: Layout, mesh):
         dp_mesh = data_parallel_mesh(mesh, layout)
         policy = mixed_precision(parallel)
+        if layout.ep > 1:   # each rank's experts: sharded over the ranks holding the same ones (parallel/ep.py)
+            for experts in experts_of(model):
+                fully_shard(experts, mesh=expert_mesh(mesh, layout),
+                            reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
+                # every data-parallel rank's tokens reached these experts through the all-to-all: averaged over all
+                experts.set_gradient_divide_factor(layout.dp)
+                # gloo has no PREMUL_SUM: sum, then divide; not where the shard group is one rank (FSDP2 divides
+                # its gradient there already, and would divide it twice)
+                if mesh.device_type == "cpu" and layout.dp_shard > layout.ep:
+                    experts.set_force_sum_reduction_for_comms(True)
         for block in model.blocks.modules:   # the model's repeated blocks (model/contract.py), by rule or named
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy)
         for root in getattr(model, "stages", None) or [model]:   # a pipeline's stages are each a root (torchtitan)

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ablate.config import AblateConfig, ConfigError, HFModelConfig, ModelConfig, UserModelConfig
-from ablate.config.dims import DIMS, label
+from ablate.config.dims import CARVED, DIMS, FACTORS, label
+
+# the data-sharding ranks that hold the same experts (dp_shard / ep): FSDP shards the experts over them
+EXPERT_SHARD = "dp_shard_mod_ep"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Layout:
     dp_shard: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1          # carved from dp_shard (config/dims.py): ranks that split the experts
 
     @property
     def world(self) -> int:
@@ -58,14 +62,14 @@ class Layout:
         return rank // (self.dp * self.tp)
 
     def size(self, dim: str) -> int:
-        return dict(zip(DIMS, self.shape))[dim]
+        return self.ep if dim == "ep" else dict(zip(FACTORS, self.shape))[dim]
 
     def active_dims(self) -> List[str]:
         return [d for d in DIMS if self.size(d) > 1]
 
     def record(self) -> Dict[str, int]:
-        """summary.json's `mesh`."""
-        return dict(zip(DIMS, self.shape))
+        """summary.json's `mesh`: the world's factors, and a carved dim (ep) where it splits."""
+        return {**dict(zip(FACTORS, self.shape)), **{d: self.size(d) for d in CARVED if self.size(d) > 1}}
 
     def label(self) -> str:
         """One short name for a report's layout column: e.g. 2x2x1 (dp_replicate x dp_shard x tp)."""
@@ -131,6 +135,11 @@ def decode(cfg: AblateConfig, dp_kind: str, tp_refused: Optional[str] = None) ->
     if p.shard_size is not None and dp_kind != "hybrid":
         raise ConfigError(f"parallel.shard_size={p.shard_size}: only parallel=hsdp has shard groups; remove it or "
                           "use parallel=hsdp")
+    return _with_experts(cfg, _data_parallel(cfg, dp_kind, world, dp))
+
+
+def _data_parallel(cfg: AblateConfig, dp_kind: str, world: int, dp: int) -> Layout:
+    p, name = cfg.parallel, cfg.parallel.name
     if dp_kind == "single":
         if dp > 1:
             raise ConfigError(f"parallel={name} with {world} ranks (launcher nodes x nproc_per_node): one data-"
@@ -156,6 +165,26 @@ def _hybrid(cfg: AblateConfig, dp: int) -> Layout:
     return Layout(dp // shard, shard, p.tp, p.pp)
 
 
+def _with_experts(cfg: AblateConfig, layout: Layout) -> Layout:
+    """parallel.ep: carved from dp_shard (torchtitan's); one-line refusals of an ep that cannot be."""
+    p, model = cfg.parallel, cfg.model
+    if p.ep == 1:
+        return layout
+    experts = model.moe.experts if isinstance(model, ModelConfig) and model.moe else None
+    if experts is None:
+        raise ConfigError(f"parallel.ep={p.ep}: model={model.name} has no experts (a dense model); valid: "
+                          "parallel.ep=1, or a mixture of experts (model=moe_tiny, moe_small, mixtral_8x7b, "
+                          "deepseek_moe_16b)")
+    if p.name not in ("fsdp2", "hsdp"):
+        raise ConfigError(f"parallel={p.name} with parallel.ep={p.ep}: the experts are sharded by FSDP2 over the "
+                          "data-sharding ranks they are carved from; valid with ep > 1: parallel=fsdp2, hsdp")
+    valid = [d for d in divisors(layout.dp_shard) if experts % d == 0]
+    if layout.dp_shard % p.ep or experts % p.ep:
+        raise ConfigError(f"parallel.ep={p.ep}: must divide the {layout.dp_shard} data-sharding rank(s) (dp_shard) "
+                          f"and model.moe.experts={experts}; valid choices: {', '.join(map(str, valid))}")
+    return Layout(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, p.ep)
+
+
 def build_mesh(layout: Layout, device_type: str):
     """torch's DeviceMesh of the layout (every dim named, size-1 dims kept), on the process group already joined;
     None on a process that joined none (parallel=none on one rank)."""
@@ -164,7 +193,15 @@ def build_mesh(layout: Layout, device_type: str):
 
     if not dist.is_initialized():
         return None
-    return init_device_mesh(device_type, layout.shape, mesh_dim_names=DIMS)
+    if layout.ep == 1:
+        return init_device_mesh(device_type, layout.shape, mesh_dim_names=FACTORS)
+    # experts: dp_shard cut into (dp_shard / ep, ep), ep inner (torchtitan's), then flattened back into dp_shard
+    # for the dense parameters: the ranks' order is the dense layout's
+    names = ("pp", "dp_replicate", EXPERT_SHARD, "ep", "tp")
+    mesh = init_device_mesh(device_type, (layout.pp, layout.dp_replicate, layout.dp_shard // layout.ep, layout.ep,
+                                          layout.tp), mesh_dim_names=names)
+    mesh[EXPERT_SHARD, "ep"]._flatten("dp_shard")
+    return mesh
 
 
 def group_names(mesh) -> Dict[str, str]:
@@ -173,12 +210,15 @@ def group_names(mesh) -> Dict[str, str]:
     if mesh is None:
         return {}
     out: Dict[str, str] = {}
+    present = set(mesh.mesh_dim_names)
+    if EXPERT_SHARD in present and mesh[EXPERT_SHARD].size() > 1:   # the experts' FSDP traffic: data sharding's
+        out[mesh[EXPERT_SHARD].get_group().group_name] = "dp_shard"
     for dim in DIMS:
-        if mesh[dim].size() > 1:
-            out[mesh.get_group(dim).group_name] = dim
+        if (dim in present or dim == "dp_shard") and mesh[dim].size() > 1:
+            out[mesh[dim].get_group().group_name] = dim
     return out
 
 
 def world_dim(layout: Layout) -> Optional[str]:
     """The dim whose group is every rank (a collective on the default group moves on it), if one is."""
-    return next((d for d in DIMS if layout.size(d) == layout.world and layout.world > 1), None)
+    return next((d for d in FACTORS if layout.size(d) == layout.world and layout.world > 1), None)

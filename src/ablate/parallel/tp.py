@@ -19,6 +19,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     loss_parallel,
@@ -33,9 +34,11 @@ from ablate.parallel.tp_plan import default_input, default_output, resolve
 LAYOUTS = {"replicate": Replicate(), "sequence": Shard(1), "split": Shard(-1)}
 
 
-def llama_plan(n_layers: int, vocab_parallel: bool) -> Dict[str, object]:
+def llama_plan(n_layers: int, vocab_parallel: bool, moe: bool = False) -> Dict[str, object]:
     """The built-in Llama's plan (model/llama.py's module names), sequence parallel between the splits; the head's
-    logits kept split by vocabulary for a vocab-parallel loss, or gathered whole."""
+    logits kept split by vocabulary for a vocab-parallel loss, or gathered whole. A mixture of experts is not split
+    (torchtitan's ETP=1 is split by ep instead): its input gathered whole on every tp rank, its output cut back to
+    the rank's sequence shard."""
     head = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False) \
         if vocab_parallel else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     plan: Dict[str, object] = {
@@ -54,6 +57,8 @@ def llama_plan(n_layers: int, vocab_parallel: bool) -> Dict[str, object]:
             f"{block}.attention.wv": ColwiseParallel(),
             f"{block}.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             f"{block}.ffn_norm": SequenceParallel(),
+        })
+        plan.update(moe_plan(block) if moe else {
             f"{block}.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
                                                         desired_input_layouts=(Replicate(),)),
             f"{block}.feed_forward.w1": ColwiseParallel(),
@@ -61,6 +66,13 @@ def llama_plan(n_layers: int, vocab_parallel: bool) -> Dict[str, object]:
             f"{block}.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         })
     return plan
+
+
+def moe_plan(block: str) -> Dict[str, object]:
+    """A mixture of experts under tensor parallelism: whole on every tp rank, on the whole sequence."""
+    return {f"{block}.feed_forward": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)}
 
 
 class FusedColwise(ColwiseParallel):
@@ -103,7 +115,7 @@ def parallelize(model, model_cfg, tp_mesh, vocab_parallel: bool = False) -> None
     the built-in head leaves its logits split by vocabulary and the model's loss is taken vocab-parallel
     (torch's loss_parallel: each rank's 1/tp of the logits; model.vocab_parallel, read by the strategy)."""
     if isinstance(model_cfg, ModelConfig):
-        plan = llama_plan(model_cfg.n_layers, vocab_parallel)
+        plan = llama_plan(model_cfg.n_layers, vocab_parallel, model_cfg.moe is not None)
         if vocab_parallel:   # the context the loss's forward and backward run in (TorchStrategy reads it)
             model.loss_context = loss_parallel
     else:

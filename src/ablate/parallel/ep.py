@@ -1,0 +1,93 @@
+"""parallel.ep > 1: expert parallelism over the mesh's `ep` dim (carved from dp_shard: parallel/mesh.py), as
+torchtitan lays it out (torchtitan/distributed/expert_parallel.py): each rank of an ep group holds E / ep of every
+mixture's experts (their stacked weights a DTensor sharded on dim 0 over `ep`), and each MoE layer sends its sorted
+(token, expert) slots to the ranks that hold their experts and the outputs back, with all-to-alls:
+
+1. the slots per expert, exchanged (an all-to-all of E integers): what each rank will receive, from whom;
+2. the slots (the dispatch), each rank's share for each peer in one all-to-all with uneven splits;
+3. the received slots regrouped (source, expert) -> (expert, source), the local experts run, and put back;
+4. the outputs sent back (the combine), the reverse all-to-all.
+Gradients retrace 4 and 2 in reverse (torch's functional all_to_all_single, each direction called through
+torch.distributed._functional_collectives so that the comm counter sees both: metrics/counting.py). FSDP2 then
+shards each rank's experts over the ranks that hold the same ones (dp_shard / ep) and divides their gradients by
+the whole data-parallel degree (parallel/fsdp2.py): every rank's tokens reached them through the all-to-all.
+"""
+from __future__ import annotations
+
+from typing import Iterator, List
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed.tensor import Shard, distribute_tensor
+
+
+def mixtures_of(model: nn.Module) -> Iterator[nn.Module]:
+    """Every mixture of experts in the model, by rule (model/moe.py keeps it): a module with `experts` (a module
+    whose parameters stack the experts along dim 0, called as experts(slots sorted by expert, counts)) and
+    `dispatch` (what carries the sorted slots to them: dispatch(experts, slots, counts per expert))."""
+    return (m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)
+            and callable(getattr(m, "dispatch", None)))
+
+
+def experts_of(model: nn.Module) -> Iterator[nn.Module]:
+    """Every mixture's experts in the model."""
+    return (m.experts for m in mixtures_of(model))
+
+
+class Exchange(torch.autograd.Function):
+    """One all-to-all with uneven splits whose backward is the reverse one: torch's functional collective in both
+    directions, looked up at call time (counted each way)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: List[int], in_splits: List[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (in_splits, out_splits), group
+        return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        back, forth = ctx.splits
+        return funcol.wait_tensor(funcol.all_to_all_single(grad.contiguous(), back, forth, ctx.group)), None, None, \
+            None
+
+
+def regrouped(received: torch.Tensor) -> torch.Tensor:
+    """The order that turns slots received (source, expert)-major into (expert, source)-major: `received` [ep,
+    local experts] counts them."""
+    ep, local = received.shape
+    segment = torch.arange(ep * local, device=received.device).repeat_interleave(received.flatten())
+    return ((segment % local) * ep + segment // local).argsort(stable=True)
+
+
+class Dispatch:
+    """A mixture's `dispatch` under expert parallelism: the sorted slots to the ranks that hold their experts, the
+    local experts run, the outputs back (the module docstring's 1-4)."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group, self.ep = group, group.size()
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        local = counts.numel() // self.ep
+        got = received.view(self.ep, local)
+        send, recv = counts.view(self.ep, local).sum(1).tolist(), got.sum(1).tolist()
+        x = Exchange.apply(x, recv, send, self.group)
+        order = regrouped(got)
+        y = experts(x[order], got.sum(0).tolist())
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        return Exchange.apply(y[back], send, recv, self.group)
+
+
+def parallelize(model: nn.Module, ep_mesh) -> None:
+    """Split every mixture's experts over `ep_mesh` (this rank keeps its E / ep, cut from the weights every rank
+    initialised alike: nothing sent) and route its slots through the all-to-alls."""
+    for experts in list(experts_of(model)):
+        for name, param in list(experts.named_parameters(recurse=False)):
+            shard = distribute_tensor(param.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+            experts.register_parameter(name, nn.Parameter(shard, requires_grad=param.requires_grad))
+    dispatch = Dispatch(ep_mesh.get_group())
+    for moe in list(mixtures_of(model)):
+        moe.dispatch = dispatch
