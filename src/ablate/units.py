@@ -106,6 +106,14 @@ FIGURES = _declare(
            means="the fraction of a step a pipeline's rank waits in its schedule (the ranks' mean)"),
     Figure("pp_bubble_expected", "share", "%", "lower", "linear", views=("arm",),
            means="the bubble the pipeline's schedule leaves with equal stages"),
+    # a mixture of experts' (metrics/experts.py)
+    Figure("moe_load_imbalance", "plain", better="lower", views=("console", "arm", "effect"),
+           means="the most loaded expert's slots over the mean expert's, per mixture, over every rank (1 = even)"),
+    Figure("moe_dropped_frac", "share", "%", "lower", "linear", views=("console", "arm", "effect"),
+           means="the (token, expert) slots a capacity factor dropped, of all routed"),
+    Figure("moe_aux_loss", "plain", views=("console", "arm"),
+           means="the balance losses the mixtures added to the loss, the mean over micro-batches and ranks"),
+    Figure("params_active", "count", "params", means="the parameters one token meets: k of each mixture's experts"),
 )
 
 

@@ -38,8 +38,7 @@ from ablate.predict import collectives
 from ablate.predict.network import BUS_FACTOR
 
 COLUMNS = {"fp32": torch.float32, "bf16": torch.bfloat16}
-BUS = {"all_gather": BUS_FACTOR["dp_shard"], "reduce_scatter": BUS_FACTOR["dp_shard"],
-       "all_reduce": BUS_FACTOR["dp_replicate"]}
+BUS = {k: BUS_FACTOR[k] for k in ("all_gather", "reduce_scatter", "all_reduce")}
 
 
 def timed(fn: Callable[[], object], device: torch.device, least_s: float = 0.3) -> float:

@@ -53,6 +53,10 @@ class ModelConfig:
         check_ranges(self, "model")
         choice("model.attention", self.attention, ("sdpa", "math"))
         self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
+        if self.moe is not None and self.activation_checkpointing == "selective":
+            # its per-op policy would drop every second expert matmul, whose FLOPs depend on the routing
+            raise ConfigError("model.activation_checkpointing=selective with model.moe: not for a mixture of experts "
+                              "here; valid choices: false, true, an integer k >= 2 (every k-th block)")
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.dim={self.dim}, model.n_heads={self.n_heads}, model.n_kv_heads="
                               f"{self.n_kv_heads}: dim must divide by n_heads and n_heads by n_kv_heads")

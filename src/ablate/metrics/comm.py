@@ -9,6 +9,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional
 
+from ablate.config.dims import DECLARED
 from ablate.metrics import steady
 from ablate.metrics.collectors import BuiltIn, Span
 from ablate.metrics.counting import CollectiveCounter, paused_seconds
@@ -93,3 +94,19 @@ class Comm(BuiltIn):
     def slowest_before_comm(self, count: int = 8) -> List[List[float]]:
         """This rank's longest waits before its first collective, [step, seconds]: who held a stall up."""
         return [list(p) for p in sorted(self.before_comm, key=lambda p: p[1], reverse=True)[:count]]
+
+
+EXCHANGED = tuple(d.name for d in DECLARED if d.traffic == "all_to_all")
+EXCHANGE_NOTE = ("the mean over the ranks of what each sent: each sends its own tokens' slots and returns what the "
+                 "router gave its experts, so a rank's own figure (per_rank) depends on the routing")
+
+
+def exchanges_averaged(by_dim: Dict[str, float], per_rank: List[Dict[str, object]]) -> Dict[str, float]:
+    """summary.json's comm_bytes_by_dim: rank 0's, but an all-to-all dim's (ep) the mean over the ranks
+    (EXCHANGE_NOTE)."""
+    out = dict(by_dim)
+    for dim in EXCHANGED:
+        sent = [r["comm_bytes_by_dim"].get(dim) for r in per_rank if r.get("comm_bytes_by_dim")]
+        if dim in out and sent and None not in sent:
+            out[dim] = sum(sent) / len(sent)
+    return out

@@ -10,7 +10,10 @@
   on the dim spanning the world (`default_dim`), else on "other".
 Payload of one call = the bytes of the full buffer it works on: the tensor of an all-reduce or a broadcast,
 the gathered output of an all-gather, the input of a reduce-scatter (the largest tensor argument or result
-in each case). Only the outermost call counts (one collective may call another).
+in each case); an all-to-all's, what this rank sends (its input: the received share depends on the routing).
+Only the outermost call counts (one collective may call another). A group that several dims share (ep and
+dp_shard when each rank's experts are sharded over one rank) counts an all-to-all on the dim whose declared traffic
+it is (`exchanges`), any other collective on the group's dim.
 ablate's own bookkeeping collectives (`all_gather_object`, `mean_across_ranks`, `most_across_ranks`) run under
 `paused()` and are not counted. The per-step figures made of these counts: comm.py.
 """
@@ -66,6 +69,13 @@ def paused():
 
 def paused_seconds() -> float:
     return getattr(_local, "paused_s", 0.0)
+
+
+def sent_bytes(fn, args, kwargs) -> int:
+    """An all-to-all's input: the functional one's first argument, torch.distributed's second (output, input)."""
+    functional = fn.__module__ == funcol.__name__
+    tensor = kwargs.get("input") if "input" in kwargs else args[0 if functional else 1]
+    return tensor.numel() * tensor.element_size()
 
 
 def group_name_of(args, kwargs) -> Optional[str]:
@@ -124,15 +134,20 @@ class CollectiveCounter:
     """Wraps torch.distributed's and the functional collectives; adds each outermost call to `counter`, on the
     mesh dim its group is (`dims`: group name -> dim)."""
 
-    def __init__(self, counter, dims: Optional[Dict[str, str]] = None, default_dim: Optional[str] = None):
+    def __init__(self, counter, dims: Optional[Dict[str, str]] = None, default_dim: Optional[str] = None,
+                 exchanges: Optional[Dict[str, str]] = None):
         self.counter = counter
-        self.dims = dims or {}
+        self.dims, self.exchanges = dims or {}, exchanges or {}
         self.default_dim = default_dim or "other"
         self.originals = []
 
-    def dim_of(self, args, kwargs) -> str:
+    def dim_of(self, args, kwargs, called: str = "") -> str:
         name = group_name_of(args, kwargs)
-        return self.dims.get(name, self.default_dim) if name is not None else self.default_dim
+        if name is None:
+            return self.default_dim
+        if called.startswith("all_to_all") and name in self.exchanges:
+            return self.exchanges[name]
+        return self.dims.get(name, self.default_dim)
 
     def _wrap(self, fn):
         @functools.wraps(fn)
@@ -150,8 +165,9 @@ class CollectiveCounter:
                 if depth == 0:
                     self.counter.waited(time.perf_counter() - started)
             if depth == 0:
-                self.counter.add(payload_bytes(args, kwargs, result if isinstance(result, torch.Tensor) else None),
-                                 dim=self.dim_of(args, kwargs), called=fn.__name__)
+                nbytes = sent_bytes(fn, args, kwargs) if fn.__name__.startswith("all_to_all") else \
+                    payload_bytes(args, kwargs, result if isinstance(result, torch.Tensor) else None)
+                self.counter.add(nbytes, dim=self.dim_of(args, kwargs, fn.__name__), called=fn.__name__)
             return result
         counted.__ablate_counted__ = True
         return counted

@@ -59,11 +59,11 @@ def ffn_matmul_params(cfg: ModelConfig, active: bool = True) -> int:
 
 
 def ffn_w2_params(cfg: ModelConfig) -> int:
-    """A block's last feed-forward matmul, per token (full recompute stops before it): w2, or the k experts' and the
-    shared ones' w2."""
+    """A block's last feed-forward matmul, per token (full recompute stops before it): w2; in a mixture, the shared
+    experts' only (the routed experts' outputs are saved for the router weights' gradient: recomputed)."""
     if cfg.moe is None:
         return cfg.ffn_hidden * cfg.dim
-    return (cfg.moe.hidden or cfg.ffn_hidden) * cfg.dim * (cfg.moe.top_k + cfg.moe.shared_experts)
+    return (cfg.moe.hidden or cfg.ffn_hidden) * cfg.dim * cfg.moe.shared_experts
 
 
 def block_matmul_params(cfg: ModelConfig, active: bool = True) -> int:

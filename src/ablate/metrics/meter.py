@@ -2,7 +2,8 @@
 
 A figure is one collector (metrics/collectors.py's `BuiltIn`), listed once in `built_in`: the loss and training's
 health (health.py), speed and MFU (throughput.py), phases and data wait (timing.py), communication (comm.py),
-memory (memory.py), GPU utilisation (gpu_util.py), a pipeline's bubble (bubble.py, pp > 1), host load (host.py). The
+memory (memory.py), GPU utilisation (gpu_util.py), a pipeline's bubble (bubble.py, pp > 1), a mixture of experts'
+routing (experts.py), host load (host.py). The
 meter keeps what they share: which
 steps are measured - after `train.warmup_steps`, and not the steps the profiler traces (`metrics.profile_steps`);
 summary.json says which were left out (`excluded_steps`) and how many counted (`measured_steps`) - and the
@@ -22,6 +23,7 @@ from ablate.config import AblateConfig
 from ablate.metrics.bubble import Bubble
 from ablate.metrics.collectors import BuiltIn, Span
 from ablate.metrics.comm import Comm
+from ablate.metrics.experts import Experts, mixtures_of
 from ablate.metrics.gpu_util import GpuUtil
 from ablate.metrics.health import Health
 from ablate.metrics.host import HostLoad
@@ -40,9 +42,10 @@ def built_in(cfg: AblateConfig, env, feeder, strategy, flop_model, layout, notes
     throughput = Throughput(cfg, env, feeder, flop_model, layout, notes)
     # the machine's speed first: its probe at start precedes the other collectors' readings
     bubble = [Bubble(strategy.pipeline.clock, cfg.parallel)] if strategy.pipeline is not None else []
+    experts = [Experts(env, strategy.model)] if any(mixtures_of(strategy.model)) else []
     return [MachineSpeed(cfg, env, throughput.peak, notes), Health(env, strategy), Memory(env.device, notes),
             throughput, DataWait(feeder), Phases(env.device), GpuUtil(env.device, cfg.metrics.nvml_interval_s, notes),
-            Comm(strategy.comm, layout), *bubble, HostLoad()]
+            Comm(strategy.comm, layout), *bubble, *experts, HostLoad()]
 
 
 def _merge(into: Dict[str, object], got: Dict[str, object], source: str) -> None:

@@ -94,6 +94,7 @@ class MoE(nn.Module):
         if moe.shared_experts:   # the shared experts as one SwiGLU of their summed width
             self.shared = SwiGLU(dim, hidden * moe.shared_experts)
         self.dispatch = local_dispatch
+        self.top_k = moe.top_k
         self.load = self.dropped = self.aux_loss = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,11 +108,13 @@ class MoE(nn.Module):
         slots = chosen.flatten()
         order = slots.argsort(stable=True)          # slots by expert, each expert's in token order
         counts = routed_counts(slots, self.cfg.experts)
+        self.load = counts                          # routed, before a capacity (no gradient)
         order, counts = self.capped(order, counts)
-        self.load, self.dropped = counts, slots.numel() - order.numel()   # (counts: no gradient)
+        self.dropped = slots.numel() - order.numel()
         token = order // self.cfg.top_k
         out = self.dispatch(self.experts, flat[token], counts)
-        combined = torch.zeros_like(flat).index_add(0, token, out * weights.flatten()[order, None].type_as(out))
+        weighted = (out * weights.flatten()[order, None].type_as(out)).to(flat.dtype)
+        combined = torch.zeros_like(flat).index_add(0, token, weighted)
         if self.shared is not None:
             combined = combined + self.shared(flat)
         return combined.view(b, t, d)

@@ -19,7 +19,7 @@ from ablate import optim
 from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
 from ablate.metrics.counting import CollectiveCounter, CommCounter, paused
 from ablate.optim import by_mesh, is_dtensor
-from ablate.parallel.mesh import Layout, group_names, world_dim
+from ablate.parallel.mesh import Layout, exchanges, group_names, world_dim
 from ablate.parallel.pipeline import pp_norm
 from ablate.parallel.state_bytes import Breakdown, optimizer_state_bytes, tensor_bytes
 from ablate.precision import Precision
@@ -150,7 +150,7 @@ class TorchStrategy(Strategy):
         self.optimizer_record = optim.describe(self.optimizer)
         self.scaler = precision.grad_scaler()
         self.comm = CommCounter()
-        self.counter = CollectiveCounter(self.comm, group_names(mesh), world_dim(layout)).install() \
+        self.counter = CollectiveCounter(self.comm, group_names(mesh), world_dim(layout), exchanges(mesh)).install() \
             if mesh is not None else None
         # DTensor parameters (tensor parallelism, FSDP2's shards) or a pipeline's stages: each rank writes its own
         # (DCP), not rank 0 alone

@@ -49,13 +49,30 @@ def rank0_params(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
     return embedding + (n_params - embedding - head - m.dim) / layout.pp
 
 
+def mixture_params(cfg: AblateConfig, pp: int = 1):
+    """(a rank's stage's) mixtures' parameters, whole on every tp rank: (the experts', the routers' and shared
+    experts'); (0, 0) for a dense model."""
+    m = cfg.model
+    if not isinstance(m, ModelConfig) or m.moe is None:
+        return 0.0, 0.0
+    expert = 3 * m.dim * (m.moe.hidden or m.ffn_hidden)
+    layers = m.n_layers / pp
+    return layers * m.moe.experts * expert, layers * (m.dim * m.moe.experts + m.moe.shared_experts * expert)
+
+
 def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
+    """FSDP's gathers and reduce-scatters: the layers tensor parallelism splits, by 1/tp; a mixture's (whole on
+    each tp rank), its experts by 1/ep and gathered over the dp_shard / ep ranks that hold the same ones (none when
+    that is one rank)."""
     p = cfg.parallel
     if layout.pp > 1:   # each micro-batch's forward gathers again; the backward keeps them (torch's PipelineStage)
         gathers = p.microbatches + 1 if p.reshard_after_forward else 1
     else:
         gathers = 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
-    return (gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]) * n_params / layout.tp
+    experts, rest = mixture_params(cfg, layout.pp)
+    split = n_params - experts - rest
+    on_rank = split / layout.tp + rest + (experts / layout.ep if layout.dp_shard > layout.ep else 0.0)
+    return (gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]) * on_rank
 
 
 def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
@@ -77,9 +94,11 @@ def tp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     blocks, ends = (m.n_layers / layout.pp, 1) if layout.pp > 1 else (m.n_layers, 2)
     loss = 0 if layout.pp > 1 else loss
     # per block, the two gathered norm outputs are float32 (the residual stream's dtype), the two reduce-scattered
-    # matmul outputs the compute dtype's; outside, the embedding's output and the head's input float32; x2: backward
+    # matmul outputs the compute dtype's; outside, the embedding's output and the head's input float32; x2: backward.
+    # A mixture (whole on each tp rank): its input gathered forward, its output's gradient backward (float32)
     low = AUTOCAST_BYTES[cfg.precision.name]
-    activations = 2 * (ends * FP32 + blocks * (2 * FP32 + 2 * low)) * tokens * m.dim
+    per_block = 2 * FP32 + (FP32 if m.moe else 2 * FP32 + 2 * low)
+    activations = 2 * (ends * FP32 + blocks * per_block) * tokens * m.dim
     per_micro = activations + (loss + (2 * blocks + ends - 1) * m.dim) * FP32
     return t.grad_accum * per_micro
 
@@ -92,6 +111,24 @@ def pp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     return (2 * p.pp_stages_per_rank - 1) * hidden + FP32
 
 
+def ep_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
+    """What a rank sends over ep, averaged over the ep ranks (each sends its own slots, k per token, and receives
+    as many as the router gives its experts: the mean is exact, a rank's own depends on the routing): per mixture
+    and forward pass, the slots per expert (E int64) and the slots out (float32: the norm's output) and back (the
+    experts' output: the compute dtype); backward, the slots' gradients the other way. Checkpointed blocks pass
+    forward twice. A capacity factor drops slots by the routing: not modelled (None)."""
+    m, t = cfg.model, cfg.train
+    if not isinstance(m, ModelConfig) or m.moe is None or m.moe.capacity_factor is not None:
+        return None
+    slots = t.batch_size * t.seq_len * m.moe.top_k
+    low = AUTOCAST_BYTES.get(cfg.precision.name, FP32)
+    mode = m.activation_checkpointing
+    forwards = 1 + (1.0 if mode is True else (-(-m.n_layers // mode) / m.n_layers if mode else 0.0))
+    forward = m.moe.experts * 8 + slots * m.dim * (FP32 + low)
+    backward = slots * m.dim * (FP32 + low)
+    return t.grad_accum * m.n_layers / layout.pp * (forwards * forward + backward)
+
+
 def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str, Optional[float]]:
     """{mesh dim: bytes per optimizer step} for the dims of more than one rank (None: not modelled)."""
     zero = cfg.parallel.name.startswith("zero")
@@ -101,6 +138,8 @@ def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str,
     for dim in layout.active_dims():
         if dim == "pp":
             out[dim] = pp_bytes(cfg, layout)
+        elif dim == "ep":
+            out[dim] = ep_bytes(cfg, layout)
         elif zero or (layout.pp > 1 and not isinstance(cfg.model, ModelConfig)):
             out[dim] = None
         elif dim == "dp_shard":

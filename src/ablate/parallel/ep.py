@@ -22,13 +22,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import Shard, distribute_tensor
 
-
-def mixtures_of(model: nn.Module) -> Iterator[nn.Module]:
-    """Every mixture of experts in the model, by rule (model/moe.py keeps it): a module with `experts` (a module
-    whose parameters stack the experts along dim 0, called as experts(slots sorted by expert, counts)) and
-    `dispatch` (what carries the sorted slots to them: dispatch(experts, slots, counts per expert))."""
-    return (m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)
-            and callable(getattr(m, "dispatch", None)))
+from ablate.metrics.experts import mixtures_of
 
 
 def experts_of(model: nn.Module) -> Iterator[nn.Module]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ablate.config import AblateConfig, ConfigError, HFModelConfig, ModelConfig, UserModelConfig
-from ablate.config.dims import CARVED, DIMS, FACTORS, label
+from ablate.config.dims import CARVED, DECLARED, DIMS, FACTORS, label
 
 # the data-sharding ranks that hold the same experts (dp_shard / ep): FSDP shards the experts over them
 EXPERT_SHARD = "dp_shard_mod_ep"
@@ -206,7 +206,8 @@ def build_mesh(layout: Layout, device_type: str):
 
 def group_names(mesh) -> Dict[str, str]:
     """{process group name: mesh dim} for the dims of more than one rank: how a collective's group is told apart.
-    A dim spanning the whole world can share the default group's name; then that dim takes it."""
+    A dim spanning the whole world can share the default group's name; then that dim takes it. Dims on the same
+    ranks share a group: the outer one takes it (dp_shard over ep: the all-to-alls are told apart by `exchanges`)."""
     if mesh is None:
         return {}
     out: Dict[str, str] = {}
@@ -215,8 +216,18 @@ def group_names(mesh) -> Dict[str, str]:
         out[mesh[EXPERT_SHARD].get_group().group_name] = "dp_shard"
     for dim in DIMS:
         if (dim in present or dim == "dp_shard") and mesh[dim].size() > 1:
-            out[mesh[dim].get_group().group_name] = dim
+            out.setdefault(mesh[dim].get_group().group_name, dim)
     return out
+
+
+def exchanges(mesh) -> Dict[str, str]:
+    """{process group name: mesh dim} for the dims whose declared traffic is all-to-all (ep): such a call on their
+    group counts on them whichever dim the group is also (config/dims.py)."""
+    if mesh is None:
+        return {}
+    present = set(mesh.mesh_dim_names)
+    return {mesh[d.name].get_group().group_name: d.name for d in DECLARED
+            if d.traffic == "all_to_all" and d.name in present and mesh[d.name].size() > 1}
 
 
 def world_dim(layout: Layout) -> Optional[str]:

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+from ablate.config.dims import BY_NAME
 from ablate.predict.machine import Machine
 from ablate.predict.step import Step
 
-# nccl-tests' bus-bandwidth factor per mesh dim's collectives (docs: PERFORMANCE.md of nccl-tests)
-BUS_FACTOR = {"dp_shard": lambda n: (n - 1) / n, "dp_replicate": lambda n: 2 * (n - 1) / n,
-              "tp": lambda n: (n - 1) / n, "pp": lambda n: 1.0}
-# the collective each dim's traffic is (FSDP's gathers and reduce-scatters run at one bus bandwidth in nccl-tests,
-# as do the built-in TP plan's, sequence-parallel; a pipeline's, sends)
-KIND = {"dp_shard": "all_gather", "dp_replicate": "all_reduce", "tp": "all_gather", "pp": "send"}
-# ring steps of one call among n ranks (NCCL's tuning model, src/graph/tuning.cc: nsteps)
+# nccl-tests' bus-bandwidth factor per collective kind (nccl-tests' PERFORMANCE.md): a dim's traffic is the kind its
+# declaration names (config/dims.py: FSDP's gathers and reduce-scatters run at one bus bandwidth in nccl-tests, as
+# do the built-in TP plan's, sequence-parallel; a pipeline's are sends; experts' all-to-alls)
+BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "all_reduce": lambda n: 2 * (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send": lambda n: 1.0}
+# ring steps of one call among n ranks (NCCL's tuning model, src/graph/tuning.cc: nsteps; an all-to-all's n - 1
+# peers each sent to once)
 STEPS = {"all_gather": lambda n: n - 1, "reduce_scatter": lambda n: n - 1, "all_reduce": lambda n: 2 * (n - 1),
-         "send": lambda n: 1}
+         "all_to_all": lambda n: n - 1, "send": lambda n: 1}
+
+
+def kind(dim: str) -> str:
+    return BY_NAME[dim].traffic
 BACKWARD_SHARE = 2 / 3   # of a step's compute: the backward (twice the forward's FLOPs)
 
 
@@ -38,7 +43,7 @@ def link_bytes_per_s(step: Step, dim: str, machine: Machine) -> Optional[float]:
     replicate dim with one rank a node uses one), at most the node's own bandwidth. Source: nccl-tests' multi-node
     all-reduce bus bandwidth on 8 x H100 SXM nodes with NDR InfiniBand (one 400 Gb/s NIC a GPU) is 400-450 GB/s at
     large messages (saturncloud.io/blog/crusoe-nccl-cluster-validation), 8 NICs' 50 GB/s, not one's."""
-    intra = machine.intra_of(KIND[dim])
+    intra = machine.intra_of(kind(dim))
     if not crosses_nodes(step, dim):
         return intra
     if not machine.inter_bytes_per_s:
@@ -52,7 +57,7 @@ def latency_s(step: Step, dim: str, machine: Machine) -> float:
     (the file's collective_latency_us: base, hop_nvlink, hop_network; none: 0)."""
     lat = machine.latency or {}
     hop = lat.get("hop_network" if crosses_nodes(step, dim) else "hop_nvlink", 0.0)
-    return lat.get("base", 0.0) + STEPS[KIND[dim]](step.sizes[dim]) * hop
+    return lat.get("base", 0.0) + STEPS[kind(dim)](step.sizes[dim]) * hop
 
 
 def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
@@ -62,15 +67,19 @@ def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
         if nbytes is None or not link:
             out[dim] = None
             continue
-        out[dim] = nbytes * BUS_FACTOR[dim](step.sizes[dim]) / link + \
+        out[dim] = nbytes * BUS_FACTOR[kind(dim)](step.sizes[dim]) / link + \
             step.calls.get(dim, 0.0) * latency_s(step, dim, machine)
     return out
 
 
 def exposed(step: Step, dim: str, seconds: float, compute: float) -> float:
-    if dim in ("tp", "pp"):
+    """What of a dim's seconds the step waits for, as its declaration says the step hides it (config/dims.py)."""
+    hidden_by = BY_NAME[dim].hidden_by
+    if hidden_by == "prefetch" and step.strategy in ("ddp", "ddp_sync"):   # DDP's buckets: during the backward
+        hidden_by = "backward"
+    if hidden_by == "none":
         return seconds
-    if dim == "dp_replicate" or step.strategy in ("ddp", "ddp_sync"):
+    if hidden_by == "backward":
         return max(0.0, seconds - BACKWARD_SHARE * compute)
     unit = seconds / (step.n_blocks + 1)   # the first gather and the last reduce-scatter: one unit's
     return min(seconds, max(0.0, seconds - compute) + unit)

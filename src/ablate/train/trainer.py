@@ -20,6 +20,7 @@ from ablate.dataloader import DeviceFeeder, build_loader
 from ablate.logger import Tracker
 from ablate.metrics import bubble, counting, host, steady, step_memory
 from ablate.metrics.collectors import CollectorFailed
+from ablate.metrics.comm import EXCHANGE_NOTE, EXCHANGED, exchanges_averaged
 from ablate.metrics.meter import Meter
 from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
@@ -204,7 +205,7 @@ def rank_record(env, summary: Dict[str, object], strategy, loop: Loop) -> Dict[s
     return {**distributed.place(env), "state_bytes": strategy.measured_state,
             **{k: summary[k] for k in ("comm_exposed_s", "tokens_per_s_per_device", "step_time_s", "step_time_p90_s",
                                        "compute_before_comm_s", "mem_peak_bytes", "comm_bytes_per_step",
-                                       "peak_bytes_measured")},
+                                       "comm_bytes_by_dim", "peak_bytes_measured")},
             **({"pp_bubble": summary["pp_bubble"]} if "pp_bubble" in summary else {}),
             "slowest_before_comm": meter.slowest_before_comm(), "long_steps": meter.long_steps(),
             "long_gaps": meter.long_gaps(), "continued_at": loop.continued.at, **meter.host.rank_figures()}
@@ -228,7 +229,7 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
         "straggler": steady.straggler(per_rank, cfg.metrics.straggler_factor,
                                       layout.pp_rank if layout.pp > 1 else None),
         **bubble.pipeline_figures(per_rank),
-        "predicted": predicted,
+        "predicted": predicted, "comm_bytes_by_dim": exchanges_averaged(summary["comm_bytes_by_dim"], per_rank),
         # (drops the ranks' long_steps and long_gaps)
         "stalls": steady.held_up_by(summary["stalls"], per_rank, summary["step_time_s"],
                                     steady.checkpointed(cfg.train.checkpoint_every, cfg.train.steps)),
@@ -237,6 +238,7 @@ def run_record(cfg: AblateConfig, run_dir: Path, choices, resolved, applied_env,
         "versions": provenance.versions(), "provenance": provenance.record(env.device),
         "device": str(env.device), "allocator_check": allocator.check_took(cfg.allocator, env.device),
         "notes": {**loop.meter.notes, **profile_notes(loop.profiler, strategy, env),
+                  **{f"comm_bytes_by_dim.{d}": EXCHANGE_NOTE for d in EXCHANGED if layout.size(d) > 1},
                   **{f"env.{k}": v["reason"] for k, v in applied_env.items() if "reason" in v}},
         "sweep": resolved.get("sweep") or {},
     }
