@@ -9,11 +9,15 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from ablate.metrics.experts import mixtures_of
+
 
 def options(model) -> StateDictOptions:
-    """A pipeline's stages hold different parameters on different ranks: the optimizer's param groups are written
-    per parameter (flattened, as torchtitan does), or one rank's groups would be read back by every rank."""
-    return StateDictOptions(flatten_optimizer_state_dict=getattr(model, "stages", None) is not None)
+    """A pipeline's stages hold different parameters on different ranks, and a mixture's experts are a param group
+    of their own under expert parallelism only (optim.by_mesh): the optimizer's param groups are written per
+    parameter (flattened, as torchtitan does), or one rank's groups, or one ep's, would be read back."""
+    per_parameter = getattr(model, "stages", None) is not None or any(mixtures_of(model))
+    return StateDictOptions(flatten_optimizer_state_dict=per_parameter)
 
 
 def save(model, optimizer, where: Path) -> None:
