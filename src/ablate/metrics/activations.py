@@ -18,7 +18,8 @@ import torch
 # autograd nodes that only cast or re-view their input: a saved tensor reached from a parameter through these alone
 # is that parameter again (autocast's weight copies, transposed weights)
 WEIGHT_VIEWS = ("ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
-                "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "_ToCopyBackward0")
+                "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "_ToCopyBackward0",
+                "UnbindBackward0", "SelectBackward0")   # (a mixture's stacked experts, one expert's weights each)
 
 
 CASTS = ("ToCopyBackward0", "_ToCopyBackward0")

@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.config import AblateConfig, ModelConfig
 from ablate.metrics.activations import SavedTensors
+from ablate.metrics.experts import mixtures_of
 from ablate.metrics.flops import COUNTED_REAL, FlopModel
 from ablate.model import build, checkpointing, matmul_params
 from ablate.model.contract import ModelContractError, vocab_size_of
@@ -38,6 +39,8 @@ class ModelFacts:
     # the block each of `numels` belongs to (None: outside the blocks, e.g. the embedding and the head)
     saved: Optional[SavedTensors] = None
     param_block: Optional[List[Optional[int]]] = None
+    # which of `numels` are a mixture's stacked experts (expert parallelism keeps 1/ep of them); None: no mixture
+    experts: Optional[List[bool]] = None
 
 
 def tokens_on_meta(batch: int, seq: int) -> torch.Tensor:
@@ -269,10 +272,10 @@ def measure_facts(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
     if activations is not None and cfg.model.activation_checkpointing:   # measured without it: the blocks as the
         blocks = shapes(cfg.model)[1]                                    # run wraps them
     return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp),
-                      saved, param_block)
+                      saved, param_block, expert_flags(cfg.model))
 
 
-_SPLIT: Dict[str, List[bool]] = {}
+_SPLIT: Dict[str, Optional[List[bool]]] = {}
 
 
 def split_flags(model_cfg, tp: int, lm=None) -> Optional[List[bool]]:
@@ -289,6 +292,19 @@ def split_flags(model_cfg, tp: int, lm=None) -> Optional[List[bool]]:
         return _SPLIT[key]
     split = split_params(lm.net, model_cfg, tp)
     return [id(p) in split for p in lm.parameters()]
+
+
+def expert_flags(model_cfg) -> Optional[List[bool]]:
+    """Per parameter (in `numels`' order), whether it is a mixture's stacked experts (metrics/experts.py's rule);
+    None for a model without a mixture (the built-in Llama's, known from its config without building it)."""
+    if isinstance(model_cfg, ModelConfig) and model_cfg.moe is None:
+        return None
+    key = repr(("experts", model_cfg))
+    if key not in _SPLIT:
+        lm = build(model_cfg, "meta")
+        stacked = {id(p) for m in mixtures_of(lm) for p in m.experts.parameters()}
+        _SPLIT[key] = [id(p) in stacked for p in lm.parameters()] if stacked else None
+    return _SPLIT[key]
 
 
 def declared_vocab(model_cfg) -> Optional[int]:

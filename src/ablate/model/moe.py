@@ -49,7 +49,10 @@ class Experts(nn.Module):
             x, w1, w3, w2 = (t.to(dtype) for t in (x, w1, w3, w2))
             h = F.silu(torch._grouped_mm(x, w1, offs=ends)) * torch._grouped_mm(x, w3, offs=ends)
             return torch._grouped_mm(h, w2, offs=ends)
-        outs = [F.silu(part @ w1[e]) * (part @ w3[e]) @ w2[e] for e, part in enumerate(x.split(counts))]
+        # unbind, not w[e]: its backward stacks the experts' gradients once (each w[e]'s would write a zero-filled
+        # gradient of the whole stack, E times per weight)
+        outs = [F.silu(part @ a) * (part @ c) @ b
+                for part, a, c, b in zip(x.split(counts), w1.unbind(0), w3.unbind(0), w2.unbind(0))]
         return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[-1])
 
 

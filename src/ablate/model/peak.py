@@ -102,7 +102,7 @@ class Walk:
         self.copies_outside = 0.0 if no_copies else saved.copies_outside / tp_div
         self.loss_grad = LOSS_TENSORS * (micro if held is not None else b) * cfg.train.seq_len * facts.vocab_size * \
             4 / vocab_split if saved.vocab_bytes else 0.0
-        self.numel_block, self.numel_root, self.largest = numels_by_block(facts, layout.tp, self.n)
+        self.numel_block, self.numel_root, self.largest = numels_by_block(facts, layout.tp, self.n, layout.ep)
 
     @property
     def fsdp(self) -> bool:
@@ -133,13 +133,14 @@ def dtype_bytes(name: Optional[str]) -> int:
     return 2 if name == "bf16" else 4
 
 
-def numels_by_block(facts: ModelFacts, tp: int, n_blocks: int):
-    """Per block, and outside the blocks, the parameters one tp rank holds (split ones / tp), and the largest
-    tensor of each (n_blocks + 1 entries, the root's last)."""
+def numels_by_block(facts: ModelFacts, tp: int, n_blocks: int, ep: int = 1):
+    """Per block, and outside the blocks, the parameters one tp rank holds (split ones / tp, a mixture's experts
+    / ep), and the largest tensor of each (n_blocks + 1 entries, the root's last)."""
     split = facts.split or [True] * len(facts.numels)
+    experts = facts.experts or [False] * len(facts.numels)
     per_block, root, largest = [0.0] * n_blocks, 0.0, [0.0] * (n_blocks + 1)
-    for numel, s, block in zip(facts.numels, split, facts.param_block or [None] * len(facts.numels)):
-        local = numel / tp if s else float(numel)
+    for numel, s, e, block in zip(facts.numels, split, experts, facts.param_block or [None] * len(facts.numels)):
+        local = (numel / tp if s else float(numel)) / (ep if e else 1)
         if block is None or block >= n_blocks:
             root += local
             largest[-1] = max(largest[-1], local)

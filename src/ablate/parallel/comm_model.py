@@ -60,19 +60,30 @@ def mixture_params(cfg: AblateConfig, pp: int = 1):
     return layers * m.moe.experts * expert, layers * (m.dim * m.moe.experts + m.moe.shared_experts * expert)
 
 
-def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
-    """FSDP's gathers and reduce-scatters: the layers tensor parallelism splits, by 1/tp; a mixture's (whole on
-    each tp rank), its experts by 1/ep and gathered over the dp_shard / ep ranks that hold the same ones (none when
-    that is one rank)."""
+def fsdp_bytes_per_param(cfg: AblateConfig, layout: Layout) -> float:
+    """FSDP's gathers (forward, and backward after a reshard; a pipeline's every micro-batch) and one reduce-scatter
+    per step, per parameter a rank holds."""
     p = cfg.parallel
     if layout.pp > 1:   # each micro-batch's forward gathers again; the backward keeps them (torch's PipelineStage)
         gathers = p.microbatches + 1 if p.reshard_after_forward else 1
     else:
         gathers = 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
+    return gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]
+
+
+def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
+    """FSDP's traffic over dp_shard: the layers tensor parallelism splits, by 1/tp; a mixture's (whole on each tp
+    rank) too, but its experts under ep (theirs is efsdp's)."""
     experts, rest = mixture_params(cfg, layout.pp)
     split = n_params - experts - rest
-    on_rank = split / layout.tp + rest + (experts / layout.ep if layout.dp_shard > layout.ep else 0.0)
-    return (gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]) * on_rank
+    on_rank = split / layout.tp + rest + (experts if layout.ep == 1 else 0.0)
+    return fsdp_bytes_per_param(cfg, layout) * on_rank
+
+
+def efsdp_bytes(cfg: AblateConfig, layout: Layout) -> float:
+    """FSDP's traffic over efsdp: a rank's 1/ep of the experts, gathered over the dp_shard / ep ranks holding the
+    same ones."""
+    return fsdp_bytes_per_param(cfg, layout) * mixture_params(cfg, layout.pp)[0] / layout.ep
 
 
 def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
@@ -140,6 +151,8 @@ def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str,
             out[dim] = pp_bytes(cfg, layout)
         elif dim == "ep":
             out[dim] = ep_bytes(cfg, layout)
+        elif dim == "efsdp":
+            out[dim] = efsdp_bytes(cfg, layout)
         elif zero or (layout.pp > 1 and not isinstance(cfg.model, ModelConfig)):
             out[dim] = None
         elif dim == "dp_shard":

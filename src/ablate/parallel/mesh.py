@@ -22,7 +22,7 @@ from ablate.config import AblateConfig, ConfigError, HFModelConfig, ModelConfig,
 from ablate.config.dims import CARVED, DECLARED, DIMS, FACTORS, label
 
 # the data-sharding ranks that hold the same experts (dp_shard / ep): FSDP shards the experts over them
-EXPERT_SHARD = "dp_shard_mod_ep"
+EXPERT_SHARD = "efsdp"
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,15 @@ class Layout:
         return rank // (self.dp * self.tp)
 
     def size(self, dim: str) -> int:
-        return self.ep if dim == "ep" else dict(zip(FACTORS, self.shape))[dim]
+        if dim in CARVED:   # (config/dims.py) ep, and the dp_shard / ep ranks holding the same experts
+            return self.ep if dim == "ep" else (self.dp_shard // self.ep if self.ep > 1 else 1)
+        return dict(zip(FACTORS, self.shape))[dim]
 
     def active_dims(self) -> List[str]:
         return [d for d in DIMS if self.size(d) > 1]
 
     def record(self) -> Dict[str, int]:
-        """summary.json's `mesh`: the world's factors, and a carved dim (ep) where it splits."""
+        """summary.json's `mesh`: the world's factors, and a carved dim (ep, efsdp) where it splits."""
         return {**dict(zip(FACTORS, self.shape)), **{d: self.size(d) for d in CARVED if self.size(d) > 1}}
 
     def label(self) -> str:
@@ -212,8 +214,6 @@ def group_names(mesh) -> Dict[str, str]:
         return {}
     out: Dict[str, str] = {}
     present = set(mesh.mesh_dim_names)
-    if EXPERT_SHARD in present and mesh[EXPERT_SHARD].size() > 1:   # the experts' FSDP traffic: data sharding's
-        out[mesh[EXPERT_SHARD].get_group().group_name] = "dp_shard"
     for dim in DIMS:
         if (dim in present or dim == "dp_shard") and mesh[dim].size() > 1:
             out.setdefault(mesh[dim].get_group().group_name, dim)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ablate.config import ConfigError, ModelConfig, UserModelConfig
 from ablate.config.tp_plan import STYLES, Split
+from ablate.metrics.experts import mixtures_of
 
 SPLITTABLE = (nn.Linear, nn.Embedding)
 # where a model file declares its attention heads (nanoGPT, transformers, the built-in Llama's spellings)
@@ -92,8 +93,10 @@ def split_params(net: nn.Module, model_cfg, tp: int) -> Set[int]:
     Empty at tp 1 or for a model without a plan."""
     if tp == 1:
         return set()
-    if isinstance(model_cfg, ModelConfig):
-        return {id(p) for m in net.modules() if isinstance(m, SPLITTABLE) for p in m.parameters(recurse=False)}
+    if isinstance(model_cfg, ModelConfig):   # (a mixture stays whole on each tp rank: parallel/tp.py)
+        whole = {id(p) for m in mixtures_of(net) for p in m.parameters()}
+        return {id(p) for m in net.modules() if isinstance(m, SPLITTABLE) for p in m.parameters(recurse=False)
+                if id(p) not in whole}
     if not isinstance(model_cfg, UserModelConfig) or not model_cfg.splits:
         return set()
     out: Set[int] = set()

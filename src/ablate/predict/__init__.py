@@ -158,8 +158,10 @@ def calls_of(cfg, layout, comm_bytes: Dict[str, Optional[float]], n_blocks: int)
     pipeline = cfg.parallel.microbatches if layout.pp > 1 else 1
     ddp = cfg.parallel.name in ("ddp", "ddp_sync")
     replicate = math.ceil((comm_bytes.get("dp_replicate") or 0) / DDP_BUCKET_BYTES) if ddp else micro * (blocks + 1)
+    # a mixture's, per block and micro-batch: FSDP's unit of the rank's experts (efsdp); ep's three all-to-alls
+    # forward (the counts, the slots out, back) and two backward
     return {"dp_shard": micro * 3 * (blocks + 1), "dp_replicate": replicate, "tp": micro * pipeline * 8 * blocks,
-            "pp": micro * pipeline * 2}
+            "pp": micro * pipeline * 2, "efsdp": micro * 3 * blocks, "ep": micro * pipeline * 5 * blocks}
 
 
 def replica_tokens(cfg) -> int:

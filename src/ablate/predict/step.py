@@ -4,7 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
+from ablate.config.dims import strides
 from ablate.predict.kernels import Work
+
+__all__ = ["Step", "strides"]
 
 
 @dataclass
@@ -29,11 +32,3 @@ class Step:
     share: float = 1.0
     optimizer_bytes: float = 0.0
     calls: Dict[str, float] = field(default_factory=dict)
-
-
-def strides(sizes: Dict[str, int]) -> Dict[str, int]:
-    out, inner = {}, 1
-    for dim in reversed(list(sizes)):
-        out[dim] = inner
-        inner *= sizes[dim]
-    return out
