@@ -33,8 +33,12 @@ from ablate.predict.fitting import LAYOUT_KNOBS, changed
 GRID: Dict[str, Tuple[str, ...]] = {"parallel": ("fsdp2", "hsdp"), **LAYOUT_KNOBS}
 MICROBATCHES = "parallel.pp_microbatches"
 MICROBATCHES_PER_STAGE = (1, 2, 4)
+# a mixture of experts' models: expert parallelism too (the degrees dividing its experts)
+EP = "parallel.ep"
+EP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 ARM_KEYS = {"parallel": "name", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.param_dtype": "param_dtype",
-            "model.activation_checkpointing": "activation_checkpointing", MICROBATCHES: "pp_microbatches"}
+            "model.activation_checkpointing": "activation_checkpointing", MICROBATCHES: "pp_microbatches",
+            EP: "ep"}
 # a layout whose headroom is within the plan's own error is marked: the plan reads low by up to 12% against
 # torchtitan's published peaks (docs/layouts.md, "Against published runs": the allocator's cache it cannot name)
 PLAN_LOW_BY = 0.12
@@ -44,9 +48,18 @@ def key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def points() -> Iterator[List[str]]:
+def grid_of(cfg) -> Dict[str, Tuple[str, ...]]:
+    """GRID, and for a model with experts the ep degrees that divide them (the world's divide them further: refused
+    as ablate would)."""
+    moe = getattr(cfg.model, "moe", None) if cfg is not None else None
+    if moe is None:
+        return GRID
+    return {**GRID, EP: tuple(str(e) for e in EP_DEGREES if moe.experts % e == 0)}
+
+
+def points(cfg=None) -> Iterator[List[str]]:
     """Each point of the grid, as overrides: the knobs' values, and for a pipeline its micro-batches."""
-    for point in itertools.product(*[[f"{k}={v}" for v in values] for k, values in GRID.items()]):
+    for point in itertools.product(*[[f"{k}={v}" for v in values] for k, values in grid_of(cfg).items()]):
         pp = int(dict(o.split("=", 1) for o in point)["parallel.pp"])
         for m in ([None] if pp == 1 else [k * pp for k in MICROBATCHES_PER_STAGE]):
             yield [*point, f"{MICROBATCHES}={'null' if m is None else m}"]
@@ -54,7 +67,7 @@ def points() -> Iterator[List[str]]:
 
 def layouts(argv: List[str]) -> Iterator[List[str]]:
     """Each point of the grid with the user's overrides but those of its knobs (the command each layout is)."""
-    kept = [o for o in argv if key_of(o) not in (*GRID, MICROBATCHES)]
+    kept = [o for o in argv if key_of(o) not in (*GRID, MICROBATCHES, EP)]
     for point in points():
         yield [*kept, *point]
 
@@ -66,7 +79,7 @@ def rank(argv: List[str], hw) -> Tuple[List[Dict[str, object]], Counter]:
     base = config_of(next(layouts(argv)))[1]   # (the user's own strategy may not run on this world: parallel=none)
     rows, left_out = [], Counter()
     global_batch = global_batch_of(argv, base)
-    for point in points():
+    for point in points(base):
         try:
             cfg = changed(base, *point, f"train.global_batch_size={global_batch}")
             parallel.check(cfg, has_cuda=True)   # what no machine could run is refused as ablate would
@@ -139,7 +152,8 @@ def render(rows: List[Dict[str, object]], left_out: Counter, hw, top: int) -> No
     console = Console(width=max(100, Console().width))
     console.print(table)
     console.print("layout: strategy, tp, pp and its micro-batches (m), checkpointing (sel, full), bf16 all-gathers "
-                  "(bf16ag); ! headroom within the plan's error (12%); the global batch of your command for every "
+                  "(bf16ag), experts split over ep (ep); ! headroom within the plan's error (12%); the global batch "
+                  "of your command for every "
                   "layout; left out: " + (", ".join(f"{n} x {why}" for why, n in left_out.most_common()) or "none"))
     console.print(f"predicted as docs/prediction.md says: {rows[0]['rate_source'] if rows else ''}")
 
@@ -157,10 +171,12 @@ def values_of(overrides: List[str]) -> Dict[str, str]:
 
 
 def shown_name(overrides: List[str]) -> str:
-    """A layout in words that fit a column: `hsdp tp8 pp4 m16 sel bf16ag`."""
+    """A layout in words that fit a column: `hsdp tp8 pp4 m16 sel bf16ag`, `fsdp2 ep8 full` (tp, pp of one
+    rank left out)."""
     v = values_of(overrides)
-    parts = [v["parallel"], f"tp{v['parallel.tp']}", f"pp{v['parallel.pp']}"]
+    parts = [v["parallel"], *(f"{d}{v[f'parallel.{d}']}" for d in ("tp", "pp") if v[f"parallel.{d}"] != "1")]
     parts += [f"m{v[MICROBATCHES]}"] if v.get(MICROBATCHES, "null") != "null" else []
+    parts += [f"ep{v[EP]}"] if v.get(EP, "1") != "1" else []
     parts += [{"false": "", "true": "full", "selective": "sel"}[v["model.activation_checkpointing"]]]
     parts += ["bf16ag"] if v["parallel.param_dtype"] == "bf16" else []
     return " ".join(p for p in parts if p)
@@ -180,7 +196,7 @@ def distinct_layouts(rows: List[Dict[str, object]], k: int) -> List[Dict[str, ob
     out, seen = [], set()
     for r in rows:
         v = values_of(r["overrides"])
-        key = (v["parallel"], v["parallel.tp"], v["parallel.pp"])
+        key = (v["parallel"], v["parallel.tp"], v["parallel.pp"], v.get(EP, "1"))
         if key not in seen:
             seen.add(key)
             out.append(r)
@@ -192,7 +208,7 @@ def write_sweep(rows: List[Dict[str, object]], argv: List[str], path: Path) -> N
     arms = {arm_name(r["overrides"]): {**arm_values(r["overrides"]),
                                        "predicted_tokens_per_s": r["tokens_per_s"]} for r in rows}
     names = list(arms)
-    kept = [o for o in argv if key_of(o) not in (*GRID, MICROBATCHES) and not o.startswith("--")]
+    kept = [o for o in argv if key_of(o) not in (*GRID, MICROBATCHES, EP) and not o.startswith("--")]
     groups = [o for o in kept if "." not in key_of(o)]
     node: Dict[str, object] = {"defaults": [{f"override /{key_of(o)}": o.split("=", 1)[1]} for o in groups]
                                + [{"override /parallel": "fsdp2"}]}   # (each arm names its strategy)
@@ -205,8 +221,9 @@ def write_sweep(rows: List[Dict[str, object]], argv: List[str], path: Path) -> N
             target[leaf] = yaml.safe_load(o.split("=", 1)[1])
     node.setdefault("train", {})["global_batch_size"] = rows[0]["global_batch"]   # the batch the layouts were ranked at
     pick = "${sweep.arm_values.${sweep.arm}.%s}"
+    experts = any(key_of(o) == EP for r in rows for o in r["overrides"])
     node.setdefault("parallel", {}).update({k: pick % k for k in ("name", "tp", "pp", "param_dtype",
-                                                                  "pp_microbatches")})
+                                                                  "pp_microbatches", *(("ep",) if experts else ()))})
     node.setdefault("model", {})["activation_checkpointing"] = pick % "activation_checkpointing"
     node["hydra"] = {"mode": "MULTIRUN", "sweeper": {"params": {"sweep.repeat": 0, "sweep.arm": ",".join(names)}},
                      "sweep": {"dir": "multirun/${sweep.name}/${now:%Y-%m-%d_%H-%M-%S}"}}

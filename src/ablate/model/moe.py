@@ -29,6 +29,11 @@ def local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if hasattr(param, "to_local") else param
 
 
+def no_values(t: torch.Tensor) -> bool:
+    """A tensor the plan runs the model on (meta or fake): shapes, no values to route by."""
+    return t.device.type == "meta" or is_fake(t)
+
+
 class Experts(nn.Module):
     """`n` SwiGLU experts with stacked weights: w1, w3 [n, dim, hidden], w2 [n, hidden, dim] (torchtitan's
     GroupedExperts): expert parallelism splits dim 0."""
@@ -43,9 +48,13 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """x: slots sorted by (local) expert, counts[e] of them for expert e."""
         w1, w3, w2 = local(self.w1), local(self.w3), local(self.w2)
-        if self.matmul == "grouped" and x.device.type == "cuda":
+        # grouped: CUDA's and the CPU's kernels (bf16 wants dim and hidden in multiples of 8); the plan's meta and
+        # fake tensors run the loop (torch's meta kernel takes bf16 only): the same FLOPs and shapes
+        if self.matmul == "grouped" and not no_values(x):
             ends = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+            kind = x.device.type
+            autocast = kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind)   # (not on the plan's meta)
+            dtype = torch.get_autocast_dtype(kind) if autocast else x.dtype
             x, w1, w3, w2 = (t.to(dtype) for t in (x, w1, w3, w2))
             h = F.silu(torch._grouped_mm(x, w1, offs=ends)) * torch._grouped_mm(x, w3, offs=ends)
             return torch._grouped_mm(h, w2, offs=ends)
@@ -69,11 +78,6 @@ def balance_loss(probs: torch.Tensor, chosen: torch.Tensor, sequences: int, expe
     f = routed.mean(1) * experts / k
     p = probs.view(sequences, -1, experts).mean(1)
     return (f * p).sum(-1).mean()
-
-
-def no_values(t: torch.Tensor) -> bool:
-    """A tensor the plan runs the model on (meta or fake): shapes, no values to route by."""
-    return t.device.type == "meta" or is_fake(t)
 
 
 def routed_counts(slots: torch.Tensor, experts: int) -> torch.Tensor:
