@@ -4,6 +4,7 @@ run with its figures, resumed on another ep (~90 s in all, the runs on 4 gloo ra
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -69,6 +70,7 @@ def test_ep_is_recorded_where_it_splits_and_carved_from_dp_shard():
     (["model.moe.top_k=9"], "model.moe.top_k=9: more than the 8 experts"),
     (["model.activation_checkpointing=selective"], "selective with model.moe"),
     (["parallel.pp=2", "parallel.ep=2"], "the earlier stages' balance losses would not reach it"),
+    (["parallel=zero2", "model.moe.balance=bias"], "model.moe.balance=bias with parallel=zero2"),
 ])
 def test_what_experts_cannot_do_is_refused_in_one_line(args, said, tmp_path):
     """Each before any rank starts (in process, as the entry point's preflight checks it)."""
@@ -87,10 +89,12 @@ def test_a_refusal_is_one_line_and_exit_2_and_names_the_models_with_experts(tmp_
 
 @pytest.mark.slow
 def test_experts_split_over_ep_and_layers_over_tp_train_the_one_rank_loss(tmp_path):
-    """ep 2 x tp 2 on 4 ranks, dropless, fp32, 8 steps: the losses of one rank with the same global batch (~45 s)."""
+    """ep 2 x tp 2 on 4 ranks, dropless, fp32, 8 steps, the experts balanced by a bias (its load summed over the
+    data-parallel ranks, so that every rank moves it alike): the losses of one rank with the same global batch
+    (~45 s)."""
     done = subprocess.run([sys.executable, "-m", "ablate.check", "--dir", str(tmp_path), *MOE, "parallel.ep=2",
-                           "parallel.tp=2"], cwd=REPO, env={**COMMAND_ENV, "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=600)
+                           "parallel.tp=2", "model.moe.balance=bias", "model.moe.bias_update=0.05"], cwd=REPO,
+                          env={**os.environ, **COMMAND_ENV}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "same: 8 steps" in done.stdout, done.stdout + done.stderr
     summary = json.loads((tmp_path / "layout" / "summary.json").read_text())
     assert summary["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2, "ep": 2}
@@ -114,3 +118,11 @@ def test_an_ep_run_records_its_experts_and_resumes_on_another_ep(tmp_path, fast)
     assert again.returncode == 0, again.stderr
     resumed = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert resumed["resumed_from_step"] == 4 and resumed["mesh"]["ep"] == 4
+
+
+def test_a_factorial_level_null_is_written_as_the_command_line_writes_it():
+    from ablate import design
+
+    points = design.build({"model.moe.capacity_factor": [None, 1.25], "model.moe.top_k": [2, 1]}).points
+    assert {design.Design({}, []).overrides(p)[0] for p in points} == {"model.moe.capacity_factor=null",
+                                                                      "model.moe.capacity_factor=1.25"}

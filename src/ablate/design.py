@@ -27,6 +27,9 @@ class Design:
 
 
 def _text(level) -> str:
+    """A level as the command line writes it (YAML's: null, true)."""
+    if level is None:
+        return "null"
     return str(level).lower() if isinstance(level, bool) else str(level)
 
 

@@ -63,14 +63,16 @@ class Experts(BuiltIn):
         load = torch.stack([m.load.to(self._aux.device) for m in ran]).double()
         self._load = load if self._load is None else self._load + load
         self._dropped += sum(int(m.dropped) for m in ran)
-        self._aux += sum((m.aux_loss.detach().float() for m in ran if m.aux_loss is not None), torch.zeros(()))
-        self._micro += 1
+        losses = [m.aux_loss.detach().float() for m in ran if m.aux_loss is not None]
+        if losses:   # (none under bias balancing: the figure is absent, not 0)
+            self._aux += sum(losses)
+            self._micro += 1
 
     def mark(self) -> None:
         self._load, self._dropped, self._aux, self._micro = None, 0, torch.zeros_like(self._aux), 0
 
     def _over_ranks(self) -> Optional[torch.Tensor]:
-        """[load per expert..., dropped, aux loss sum, micro-batches] summed over every rank."""
+        """[load per expert..., dropped, balance loss sum, micro-batches with one] summed over every rank."""
         if self._load is None:
             return None
         flat = torch.cat([self._load.flatten(), torch.tensor([self._dropped, float(self._aux), self._micro],

@@ -102,20 +102,26 @@ class MoE(nn.Module):
             self.shared = SwiGLU(dim, hidden * moe.shared_experts)
         self.dispatch = local_dispatch
         self.top_k = moe.top_k
+        # balance=bias: the bias on each expert's score (kept in checkpoints), and the slots this step routed
+        self.register_buffer("expert_bias", torch.zeros(moe.experts))
+        self.register_buffer("step_load", torch.zeros(moe.experts), persistent=False)
         self.load = self.dropped = self.aux_loss = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         flat = x.reshape(-1, d)
         probs = self.router(flat).float().softmax(-1)
-        weights, chosen = probs.topk(self.cfg.top_k, dim=-1)
+        chosen = (probs + self.expert_bias).topk(self.cfg.top_k, dim=-1).indices   # (the bias chooses, never weighs)
+        weights = probs.gather(-1, chosen)
         weights = (weights / weights.sum(-1, keepdim=True)).type_as(x)
-        self.aux_loss = balance_loss(probs, chosen, b, self.cfg.experts) * self.cfg.aux_loss_coef \
-            if self.cfg.aux_loss_coef else None
+        self.aux_loss = balance_loss(probs, chosen, b, self.cfg.experts) * self.cfg.loss_coef \
+            if self.cfg.loss_coef else None
         slots = chosen.flatten()
         order = slots.argsort(stable=True)          # slots by expert, each expert's in token order
         counts = routed_counts(slots, self.cfg.experts)
         self.load = counts                          # routed, before a capacity (no gradient)
+        if self.training and self.cfg.balance == "bias" and not no_values(counts):
+            self.step_load += counts.to(self.step_load.dtype)
         order, counts = self.capped(order, counts)
         self.dropped = slots.numel() - order.numel()
         token = order // self.cfg.top_k
@@ -138,3 +144,10 @@ class MoE(nn.Module):
         starts = counts.cumsum(0) - counts
         place = torch.arange(order.numel(), device=order.device) - starts.repeat_interleave(counts)
         return order[place < cap], counts.clamp(max=cap)
+
+    def rebalance(self, load: torch.Tensor) -> None:
+        """balance=bias, after an optimizer step: each expert's bias moved by bias_update towards the mean load
+        (`load`: the step's slots per expert over every data-parallel rank)."""
+        with torch.no_grad():
+            self.expert_bias += self.cfg.bias_update * torch.sign(load.mean() - load)
+            self.step_load.zero_()

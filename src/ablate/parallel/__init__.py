@@ -77,6 +77,11 @@ def check(cfg: AblateConfig, has_cuda: bool) -> None:
     if (p.param_dtype is not None or p.reduce_dtype != "float32") and REGISTRY[p.name].module != "fsdp2":
         raise ConfigError(f"parallel.param_dtype / parallel.reduce_dtype with parallel={p.name}: FSDP2's mixed "
                           "precision (low-precision all-gathers); valid with parallel=fsdp2, hsdp, or leave both unset")
+    moe = getattr(cfg.model, "moe", None)
+    if moe is not None and moe.balance == "bias" and REGISTRY[p.name].module == "zero":
+        raise ConfigError(f"model.moe.balance=bias with parallel={p.name}: the bias moves after each optimizer step "
+                          "of torch's strategies, not inside DeepSpeed's engine; valid: model.moe.balance=aux_loss, or "
+                          "parallel=none, ddp, ddp_sync, fsdp2, hsdp")
     strategy_class(p.name).check(p, Precision(cfg.precision), has_cuda)
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ablate import optim
 from ablate.config import OptimConfig, TrainConfig, UserOptimConfig
 from ablate.metrics.counting import CollectiveCounter, CommCounter, paused
+from ablate.metrics.experts import mixtures_of
 from ablate.optim import by_mesh, is_dtensor
 from ablate.parallel.mesh import Layout, exchanges, group_names, world_dim
 from ablate.parallel.pipeline import pp_norm
@@ -136,6 +137,17 @@ class Strategy(ABC):
         return
 
 
+def rebalance(mixtures: List[torch.nn.Module], mesh) -> None:
+    """Each bias-balanced mixture's step load summed over the data-parallel ranks (the tp ranks of a group see the
+    same tokens; pipeline stages hold other layers), then its bias moved (model/moe.py)."""
+    loads = torch.stack([m.step_load for m in mixtures])
+    for dim in ("dp_shard", "dp_replicate"):
+        if mesh is not None and mesh[dim].size() > 1:
+            dist.all_reduce(loads, group=mesh[dim].get_group())
+    for m, load in zip(mixtures, loads):
+        m.rebalance(load)
+
+
 class TorchStrategy(Strategy):
     """none/ddp/fsdp2: a torch optimizer over float32 parameters, autocast for bf16/fp16/fp8, and torch's
     GradScaler for fp16. Subclasses wrap the model and say how gradients are reduced."""
@@ -156,6 +168,8 @@ class TorchStrategy(Strategy):
         # (DCP), not rank 0 alone
         self.sharded = layout.pp > 1 or any(is_dtensor(p) for p in model.parameters())
         self.measured_state: Dict[str, int] = {}
+        # mixtures balanced by a bias (model/moe.py): moved after each optimizer step
+        self.balanced = [m for m in mixtures_of(model) if getattr(m, "rebalance", None) and m.cfg.balance == "bias"]
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.numerics = precision.record(torch.float32, torch.float32, self.grad_reduce_dtype,
                                          "torch" if self.scaler else "none")
@@ -208,6 +222,8 @@ class TorchStrategy(Strategy):
         if measure_state:
             self.measured_state = self.state_bytes()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.balanced:
+            rebalance(self.balanced, self.mesh)
         return norm
 
     def loss_scale(self) -> Optional[float]:

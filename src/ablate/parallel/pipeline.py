@@ -70,10 +70,10 @@ def _check_run(cfg: AblateConfig, v: int) -> None:
         if model.n_layers % stages:
             raise ConfigError(f"parallel.pp={p.pp} x pp_stages_per_rank={v}: model={model.name}'s {model.n_layers} "
                               f"layers do not divide into {stages} stages; valid: pp x v dividing {model.n_layers}")
-        if model.moe is not None and model.moe.aux_loss_coef:
+        if model.moe is not None and model.moe.loss_coef:
             raise ConfigError(f"parallel.pp={p.pp} with model.moe.aux_loss_coef={model.moe.aux_loss_coef}: the "
                               "schedule's loss is the last stage's, and the earlier stages' balance losses would not "
-                              "reach it; valid: model.moe.aux_loss_coef=0 (or parallel.pp=1)")
+                              "reach it; valid: model.moe.balance=bias, model.moe.aux_loss_coef=0 (or parallel.pp=1)")
         if model.tie_embeddings:
             raise ConfigError(f"parallel.pp={p.pp} with model={model.name}'s tied embeddings: the first stage's "
                               "embedding and the last stage's head would be one weight on two ranks; valid: "
