@@ -126,3 +126,24 @@ def test_a_factorial_level_null_is_written_as_the_command_line_writes_it():
     points = design.build({"model.moe.capacity_factor": [None, 1.25], "model.moe.top_k": [2, 1]}).points
     assert {design.Design({}, []).overrides(p)[0] for p in points} == {"model.moe.capacity_factor=null",
                                                                       "model.moe.capacity_factor=1.25"}
+
+
+@pytest.mark.slow
+def test_a_transformers_mixtral_splits_its_experts_over_ep_and_trains_one_ranks_loss(tmp_path):
+    """A tiny transformers Mixtral at ep 2 on 2 ranks (its mixtures found by rule: `experts.num_experts`): its own
+    experts' forward runs each rank's half, the slots sent by all-to-all; the losses of one rank (~40 s)."""
+    pytest.importorskip("transformers")
+    from test_your_training import MIXTRAL
+
+    config = tmp_path / "mixtral.json"
+    config.write_text(json.dumps(MIXTRAL))
+    done = subprocess.run([sys.executable, "-m", "ablate.check", "--dir", str(tmp_path / "c"), "model=hf",
+                           f"model.config={config}", "parallel=fsdp2", "parallel.ep=2", "launcher.nproc_per_node=2"],
+                          cwd=REPO, env={**os.environ, **COMMAND_ENV}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "same: 8 steps" in done.stdout, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "c" / "layout" / "summary.json").read_text())
+    assert summary["mesh"]["ep"] == 2 and summary["comm_bytes_by_dim"]["ep"] > 0
+    # FSDP gathers and reduce-scatters (3 x 4 B a parameter) all but the experts (2 layers x 4 x 3 x 64 x 128),
+    # whose 2 a rank are whole on it (dp_shard / ep = 1)
+    experts = 2 * 4 * 3 * 64 * 128
+    assert summary["comm_bytes_by_dim"]["dp_shard"] == pytest.approx(12 * (summary["params"] - experts), rel=1e-3)

@@ -2,6 +2,7 @@
 model file (`_target_` + its arguments), which has no schema of ours: its node is made a UserModelConfig."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
@@ -11,6 +12,7 @@ from ablate.config.fields import check_ranges, choice, num
 from ablate.config.moe import MoEConfig
 from ablate.config.tp_plan import Split, decode_plan
 
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 CHECKPOINTING = ("false", "true", "an integer k >= 2 (every k-th block)", "selective")
 
 
@@ -82,6 +84,18 @@ class HFModelConfig:
     @property
     def max_seq_len(self) -> Optional[int]:
         return None
+
+    @property
+    def experts(self) -> Optional[int]:
+        """Routed experts per mixture, as transformers configs name them (Mixtral's num_local_experts, Qwen-MoE's
+        num_experts, DeepSeek's n_routed_experts); None for a dense model."""
+        path = os.path.join(self.config, "config.json") if os.path.isdir(self.config) else self.config
+        try:
+            with open(path) as f:
+                node = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return next((node[k] for k in EXPERT_KEYS if isinstance(node.get(k), int)), None)
 
 
 # keys of a user's model node that are ablate's alone; every other key is an argument of `_target_` (max_seq_len

@@ -25,11 +25,17 @@ from ablate.metrics.counting import paused
 
 
 def mixtures_of(model: nn.Module) -> Iterator[nn.Module]:
-    """Every mixture of experts in the model, by rule (model/moe.py keeps it): a module with `experts` (a module
-    whose parameters stack the experts along dim 0, called as experts(slots sorted by expert, counts)), `dispatch`
-    (what carries the sorted slots to them: dispatch(experts, slots, counts per expert)) and `top_k`."""
-    return (m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)
-            and callable(getattr(m, "dispatch", None)) and isinstance(getattr(m, "top_k", None), int))
+    """Every mixture of experts in the model, by rule: a module with `top_k` and `experts`, a module whose
+    parameters stack the experts along dim 0, and either
+    - `dispatch`, what carries the slots sorted by expert to them (dispatch(experts, slots, counts per expert), the
+      experts called as experts(slots, counts)): the built-in's (model/moe.py), which records its routing;
+    - or, as transformers' mixtures have them (Mixtral, Qwen-MoE: `experts.num_experts`), experts called as
+      experts(hidden_states, top_k_index, top_k_weights)."""
+    for m in model.modules():
+        experts = getattr(m, "experts", None)
+        if isinstance(experts, nn.Module) and isinstance(getattr(m, "top_k", None), int) and \
+                (callable(getattr(m, "dispatch", None)) or isinstance(getattr(experts, "num_experts", None), int)):
+            yield m
 
 
 def numel(p: torch.Tensor) -> int:
@@ -57,7 +63,7 @@ class Experts(BuiltIn):
         self._dropped, self._aux, self._micro = 0, torch.zeros((), device=env.device), 0
 
     def on_micro(self, loss: torch.Tensor) -> None:
-        ran = [m for m in self.mixtures if m.load is not None]
+        ran = [m for m in self.mixtures if getattr(m, "load", None) is not None]   # (a transformers' mixture: none)
         if not ran:
             return
         load = torch.stack([m.load.to(self._aux.device) for m in ran]).double()

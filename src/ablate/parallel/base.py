@@ -169,7 +169,7 @@ class TorchStrategy(Strategy):
         self.sharded = layout.pp > 1 or any(is_dtensor(p) for p in model.parameters())
         self.measured_state: Dict[str, int] = {}
         # mixtures balanced by a bias (model/moe.py): moved after each optimizer step
-        self.balanced = [m for m in mixtures_of(model) if getattr(m, "rebalance", None) and m.cfg.balance == "bias"]
+        self.balanced = [m for m in mixtures_of(model) if getattr(getattr(m, "cfg", None), "balance", "") == "bias"]
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.numerics = precision.record(torch.float32, torch.float32, self.grad_reduce_dtype,
                                          "torch" if self.scaler else "none")

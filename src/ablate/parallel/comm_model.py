@@ -80,9 +80,11 @@ def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
     return fsdp_bytes_per_param(cfg, layout) * on_rank
 
 
-def efsdp_bytes(cfg: AblateConfig, layout: Layout) -> float:
+def efsdp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     """FSDP's traffic over efsdp: a rank's 1/ep of the experts, gathered over the dp_shard / ep ranks holding the
-    same ones."""
+    same ones (a model not built in: None)."""
+    if not isinstance(cfg.model, ModelConfig):
+        return None
     return fsdp_bytes_per_param(cfg, layout) * mixture_params(cfg, layout.pp)[0] / layout.ep
 
 
@@ -153,7 +155,8 @@ def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str,
             out[dim] = ep_bytes(cfg, layout)
         elif dim == "efsdp":
             out[dim] = efsdp_bytes(cfg, layout)
-        elif zero or (layout.pp > 1 and not isinstance(cfg.model, ModelConfig)):
+        # (a model not built in: its experts' share under ep, like its stages' under pp, is not known here)
+        elif zero or ((layout.pp > 1 or layout.ep > 1) and not isinstance(cfg.model, ModelConfig)):
             out[dim] = None
         elif dim == "dp_shard":
             out[dim] = dp_shard_bytes(cfg, layout, n_params)

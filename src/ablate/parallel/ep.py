@@ -14,6 +14,7 @@ the whole data-parallel degree (parallel/fsdp2.py): every rank's tokens reached 
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator, List
 
 import torch
@@ -61,7 +62,7 @@ class Dispatch:
     def __init__(self, group: dist.ProcessGroup):
         self.group, self.ep = group, group.size()
 
-    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def __call__(self, experts, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=self.group)
         local = counts.numel() // self.ep
@@ -84,4 +85,47 @@ def parallelize(model: nn.Module, ep_mesh) -> None:
             experts.register_parameter(name, nn.Parameter(shard, requires_grad=param.requires_grad))
     dispatch = Dispatch(ep_mesh.get_group())
     for moe in list(mixtures_of(model)):
-        moe.dispatch = dispatch
+        if callable(getattr(moe, "dispatch", None)):
+            moe.dispatch = dispatch
+        else:   # a transformers' mixture: its experts' forward routed so (`routed_forward`)
+            moe.experts.forward = routed_forward(moe.experts, dispatch)
+
+
+@contextlib.contextmanager
+def local_view(experts: nn.Module, count: int):
+    """Within: `experts`' parameters are this rank's shards (plain tensors, through to_local: gradients reach the
+    DTensors) and `num_experts` its count, so that its own forward runs its local experts."""
+    saved, number = dict(experts._parameters), experts.num_experts
+    try:
+        for name, p in saved.items():
+            experts._parameters[name] = p.to_local() if hasattr(p, "to_local") else p
+        experts.num_experts = count
+        yield
+    finally:
+        experts._parameters.update(saved)
+        experts.num_experts = number
+
+
+def routed_forward(experts: nn.Module, dispatch: Dispatch):
+    """transformers' experts(hidden_states, top_k_index, top_k_weights) under expert parallelism: the (token,
+    expert) slots sorted by expert and dispatched; on the rank holding them, the model's own forward over its local
+    experts, each received slot a token routed to one expert with weight 1; the outputs back, weighted, summed per
+    token."""
+    forward, total = experts.forward, experts.num_experts
+    local = total // dispatch.ep
+
+    def run_local(slots: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        index = torch.arange(len(counts), device=slots.device).repeat_interleave(
+            torch.tensor(counts, device=slots.device))
+        with local_view(experts, local):
+            return forward(slots, index[:, None], torch.ones(len(index), 1, dtype=slots.dtype, device=slots.device))
+
+    def routed(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        k = top_k_index.shape[-1]
+        slots = top_k_index.flatten()
+        order = slots.argsort(stable=True)
+        token = order // k
+        out = dispatch(run_local, hidden_states[token], torch.bincount(slots, minlength=total))
+        weighted = out * top_k_weights.flatten()[order, None].to(out.dtype)
+        return torch.zeros_like(hidden_states).index_add(0, token, weighted.to(hidden_states.dtype))
+    return routed

@@ -172,7 +172,7 @@ def _with_experts(cfg: AblateConfig, layout: Layout) -> Layout:
     p, model = cfg.parallel, cfg.model
     if p.ep == 1:
         return layout
-    experts = model.moe.experts if isinstance(model, ModelConfig) and model.moe else None
+    experts = model.moe.experts if isinstance(model, ModelConfig) and model.moe else getattr(model, "experts", None)
     if experts is None:
         raise ConfigError(f"parallel.ep={p.ep}: model={model.name} has no experts (a dense model); valid: "
                           "parallel.ep=1, or a mixture of experts (model=moe_tiny, moe_small, mixtral_8x7b, "
