@@ -18,11 +18,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.config import AblateConfig, ModelConfig
 from ablate.metrics.activations import SavedTensors
-from ablate.metrics.experts import mixtures_of
 from ablate.metrics.flops import COUNTED_REAL, FlopModel
 from ablate.model import build, checkpointing, matmul_params
 from ablate.model.contract import ModelContractError, vocab_size_of
-from ablate.parallel.tp_plan import one_rank_of, split_params
+from ablate.model.flags import expert_flags, split_flags
+from ablate.parallel.tp_plan import one_rank_of
 from ablate.precision import numerics
 
 
@@ -273,38 +273,6 @@ def measure_facts(cfg: AblateConfig, tp: Optional[int] = None) -> ModelFacts:
         blocks = shapes(cfg.model)[1]                                    # run wraps them
     return ModelFacts(numels, vocab, blocks, activations, source, split_flags(cfg.model, tp or cfg.parallel.tp),
                       saved, param_block, expert_flags(cfg.model))
-
-
-_SPLIT: Dict[str, Optional[List[bool]]] = {}
-
-
-def split_flags(model_cfg, tp: int, lm=None) -> Optional[List[bool]]:
-    """Per parameter (in `numels`' order), whether tensor parallelism at `tp` splits it, from the model's plan
-    held against the model (`lm`, the run's own before it is split; else built on the meta device, once per process
-    for a model and tp: a plan that names what cannot be split is refused here, in one line, before any rank
-    starts). None at tp 1."""
-    if tp == 1:
-        return None
-    if lm is None:
-        key = repr((model_cfg, tp))
-        if key not in _SPLIT:
-            _SPLIT[key] = split_flags(model_cfg, tp, build(model_cfg, "meta"))
-        return _SPLIT[key]
-    split = split_params(lm.net, model_cfg, tp)
-    return [id(p) in split for p in lm.parameters()]
-
-
-def expert_flags(model_cfg) -> Optional[List[bool]]:
-    """Per parameter (in `numels`' order), whether it is a mixture's stacked experts (metrics/experts.py's rule);
-    None for a model without a mixture (the built-in Llama's, known from its config without building it)."""
-    if isinstance(model_cfg, ModelConfig) and model_cfg.moe is None:
-        return None
-    key = repr(("experts", model_cfg))
-    if key not in _SPLIT:
-        lm = build(model_cfg, "meta")
-        stacked = {id(p) for m in mixtures_of(lm) for p in m.experts.parameters()}
-        _SPLIT[key] = [id(p) in stacked for p in lm.parameters()] if stacked else None
-    return _SPLIT[key]
 
 
 def declared_vocab(model_cfg) -> Optional[int]:

@@ -110,7 +110,7 @@ def tp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     # matmul outputs the compute dtype's; outside, the embedding's output and the head's input float32; x2: backward.
     # A mixture (whole on each tp rank): its input gathered forward, its output's gradient backward (float32)
     low = AUTOCAST_BYTES[cfg.precision.name]
-    per_block = 2 * FP32 + (FP32 if m.moe else 2 * FP32 + 2 * low)
+    per_block = FP32 + low + (FP32 if m.moe else FP32 + low)   # attention's, then the feed-forward's
     activations = 2 * (ends * FP32 + blocks * per_block) * tokens * m.dim
     per_micro = activations + (loss + (2 * blocks + ends - 1) * m.dim) * FP32
     return t.grad_accum * per_micro

@@ -26,7 +26,8 @@ from ablate.metrics.profile import NOT_PROFILED
 from ablate.model import build as build_model
 from ablate.model import count_params, stages
 from ablate.model.contract import vocab_size_of
-from ablate.model.facts import declared_vocab, flop_model, measure, split_flags
+from ablate.model.facts import declared_vocab, flop_model, measure
+from ablate.model.flags import split_flags
 from ablate.model.peak import plan_peak
 from ablate.parallel.comm_model import expected_comm
 from ablate.parallel.mesh import Layout, build_mesh
