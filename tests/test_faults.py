@@ -758,7 +758,10 @@ def test_a_collector_that_raises_is_named_in_one_line_and_the_summary_kept(tmp_p
         assert code == 1 and says in err[-1] and "Traceback" not in "\n".join(err), err[-3:]
         summary = json.loads((run / "summary.json").read_text())
         assert summary["raised_at"] is None and "Raises" in summary["notes"]["collectors.Raises"]
-        assert "Traceback" in (run / ".failures" / "stopped-rank0.txt").read_text()
+        # the stopping rank's note (on 2 ranks both stop; one may leave first and the launcher end the other before
+        # it writes its own: seen once in a loaded suite)
+        notes = sorted((run / ".failures").glob("stopped-rank*.txt"))
+        assert notes and all("Traceback" in n.read_text() for n in notes), notes
     refused = main_in_process(monkeypatch, [*FAST, "metrics.collectors=[{_target_: brokencollectors.Raises, when: 3}]",
                                             f"hydra.run.dir={tmp_path / 'never'}"])
     err = capsys.readouterr().err.strip().splitlines()
