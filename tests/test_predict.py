@@ -48,6 +48,34 @@ def test_ddps_all_reduce_overlaps_the_backward_and_tp_is_exposed():
     assert p["step_time_s"] == pytest.approx(1.0 + 2.0 - 2 / 3 + 0.005)
 
 
+def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
+    """The per-op model's calibrated terms on fixed figures (no timing): an op timed at its own shapes costs that
+    time (plus autograd's per op) where the rank runs it as recorded, its class's rate where not; every
+    forward-backward of a step launches its ops again; the optimizer pays per tensor; a strategy's bookkeeping is
+    per unit and pass; communication hides by the machine's measured overlap only."""
+    from dataclasses import replace
+
+    from ablate.predict.kernels import Work
+    from ablate.predict.machine import strategy_key
+
+    ops = ((("matmul", 1e12, 0.0, "mm(a)"), 2), (("memory", 0.0, 1e3, "add(b)"), 3))
+    work = Work(((1.0, ops),), batch=4, param_tensors=10)
+    machine = replace(MACHINE, attention={"bf16": 50e12}, memory_bytes_per_s=1e12, launch_s=1e-3,
+                      op_seconds={"mm(a)": 0.5}, autograd_s=1e-4, optimizer_tensor_s=1e-2,
+                      strategy_unit={strategy_key("fsdp2", {**ONE, "dp_shard": 2}): 0.1}, overlap=0.0)
+    as_recorded = step(work=work, passes=3, micro_sequences=4, share=1.0, param_tensors=10, strategy="fsdp2",
+                       sizes={**ONE, "dp_shard": 2}, n_blocks=4, comm_bytes={"dp_shard": 1e9})
+    p = predict(as_recorded, machine)
+    parts = p["compute_s_by_class"]
+    assert parts["matmul"] == pytest.approx(3 * 2 * (0.5 + 1e-4))         # timed, 3 passes
+    assert parts["memory"] == pytest.approx(3 * 3 * (1e-3 + 1e-4))        # the launch floor, each pass
+    assert parts["optimizer"] == pytest.approx(10 * 1e-2)
+    assert parts["strategy"] == pytest.approx(0.1 * 3 * (4 + 1))
+    assert p["exposed_comm_s"]["dp_shard"] == pytest.approx(p["comm_s"]["dp_shard"])   # overlap 0: all of it
+    halved = predict(replace(as_recorded, share=0.5), machine)["compute_s_by_class"]
+    assert halved["matmul"] == pytest.approx(3 * 2 * (0.5e12 / 100e12 + 1e-4))   # not as recorded: its class
+
+
 def test_which_dims_cross_nodes_follows_the_row_major_mesh():
     s = step(sizes={"pp": 2, "dp_replicate": 2, "dp_shard": 4, "tp": 2}, nproc_per_node=8)
     s.strides = strides(s.sizes)
@@ -184,24 +212,26 @@ def test_a_rank_s_ops_are_recorded_once_per_class_and_a_block_repeats():
 
     cfg = validate(compose_cfg(["model=tiny", "model.n_layers=4", "precision=bf16",
                                 "model.activation_checkpointing=selective"]))
-    whole = kernels.Work(((1.0, tuple(kernels.recorded(cfg, cfg.model).items())),))
-    def priced(kind, flops, moved):
+    whole = kernels.Work(((1.0, tuple(kernels.recorded(cfg, cfg.model).ops.items())),))
+    def priced(kind, flops, moved, signature):
         return {"matmul": 1.0, "attention": 3.0, "memory": 0.0}[kind] * flops + moved * 1e-3 + 7.0
-    assert kernels.work_of(cfg).cost(priced, 3, 0.5) == pytest.approx(whole.cost(priced, 3, 0.5))
-    assert kernels.work_of(cfg, pp=2).cost(priced, 1, 1) < whole.cost(priced, 1, 1)
+    assert kernels.work_of(cfg).cost(priced, 2, 3, 0.5) == pytest.approx(whole.cost(priced, 2, 3, 0.5))
+    assert kernels.work_of(cfg, pp=2).cost(priced, 1, 1, 1) < whole.cost(priced, 1, 1, 1)
     with kernels.OpRecorder() as rec:
         torch.randn(8, 16) @ torch.randn(16, 4)
         q = torch.randn(1, 2, 32, 8)
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     kinds = {op[0]: op for op in rec.ops}
+    assert kinds["matmul"][3] == "aten.mm.default(float32[8, 16], float32[16, 4])" and kinds["matmul"][3] in rec.specs
     assert kinds["matmul"][1] == 2 * 8 * 16 * 4
     assert kinds["attention"][1] == 4 * 1 * 2 * 32 * 32 * 8 * 0.5
 
 
 def test_calibrate_writes_a_hardware_file_the_plan_predicts_with(tmp_path, capsys):
-    """`python -m ablate.calibrate --out F` in process on the tiny model, one rank (~6 s: matmul, SDPA, a large add,
-    a launch, each timed for 0.3 s): a file of conf/hardware's keys with each figure's provenance, which
-    `ablate.plan --hardware F` predicts with op by op; a figure of the wrong kind is one line naming its key."""
+    """`python -m ablate.calibrate --out F` in process on the tiny model, one rank (~9 s: matmul, SDPA, a large add,
+    a launch, autograd's chain, the optimizer, each timed for 0.3 s; the model's ops replayed for 1 s): a file of
+    conf/hardware's keys with each figure's provenance, which `ablate.plan --hardware F` predicts with op by op; a
+    figure of the wrong kind is one line naming its key."""
     import torch
 
     from ablate import hardware, plan
@@ -216,6 +246,8 @@ def test_calibrate_writes_a_hardware_file_the_plan_predicts_with(tmp_path, capsy
     hw = hardware.named(str(tmp_path / "here.yaml"))
     assert hw.matmul_flops["fp32"] > 0 and hw.attention_flops["fp32"] > 0 and hw.memory_bytes_per_s > 0
     assert "measured here" in hw.provenance["matmul_tflops"] and hw.launch_s > 0
+    assert hw.op_seconds and all(t > 0 for t in hw.op_seconds.values()) and hw.optimizer_tensor_s > 0
+    assert hw.autograd_s is not None and "replayed" in hw.provenance["op_us"]
     capsys.readouterr()
     plan.main(["--json", "--hardware", str(tmp_path / "here.yaml"), "model=tiny"])
     p = json.loads(capsys.readouterr().out)["predicted"]
@@ -224,3 +256,23 @@ def test_calibrate_writes_a_hardware_file_the_plan_predicts_with(tmp_path, capsy
     bad.write_text(re.sub(r"launch_us: .*", "launch_us: fast", (tmp_path / "here.yaml").read_text()))
     with pytest.raises(ConfigError, match="launch_us must be a number"):
         hardware.named(str(bad))
+
+
+def test_calibrate_replays_an_op_at_its_strides_and_shrinks_a_layout_to_its_structure():
+    """In process, no timing (~1 s: two compositions): a recorded argument is rebuilt at its shape, strides and
+    dtype (an expanded one too); the strategy's bookkeeping is measured on the run's own layout with the model's
+    blocks and heads kept and every matrix a few elements."""
+    import torch
+
+    from ablate.calibrate.ops import materialized
+    from ablate.calibrate.strategy import shrunk
+    from ablate.compose import config_of
+    from ablate.predict.kernels import TensorSpec
+
+    expanded = materialized(TensorSpec((4, 3), (0, 1), torch.bfloat16), torch.device("cpu"))
+    assert expanded.shape == (4, 3) and expanded.stride() == (0, 1) and expanded.dtype == torch.bfloat16
+    assert str(TensorSpec((4, 3), (0, 1), torch.bfloat16)) == "bfloat16[4, 3]s[0, 1]"
+    argv = ["model=small", "parallel=fsdp2", "parallel.tp=2", "launcher.nproc_per_node=4"]
+    small = config_of([*argv, *shrunk(config_of(argv)[1])])[1]
+    assert (small.model.n_layers, small.model.n_heads, small.parallel.tp) == (12, 12, 2)
+    assert small.model.dim == 24 and small.train.seq_len == 8 and small.train.batch_size == 1

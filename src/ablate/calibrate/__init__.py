@@ -11,8 +11,13 @@ figure of the step-time model it can (docs/prediction.md, "Calibrate"), and writ
 - collective_gbytes_per_s, collective_latency_us: the lockstep probe (predict/collectives.py) among the local
   processes a run would have (launcher.nproc_per_node), a line fitted per kind: its slope is nccl-tests' bus
   bandwidth, its intercept the latency of a call;
+- op_us, autograd_us, optimizer_tensor_us, overlap (calibrate/ops.py): each op of the run's forward and backward
+  replayed at its shapes; what autograd adds to an op; the optimizer and clipping per parameter tensor; the share of
+  a collective that compute beside it hides;
+- strategy_unit_us (calibrate/strategy.py): the strategy's own bookkeeping per unit, on the model's structure
+  shrunk to nothing;
 - peak_tflops: the measured matmul rates (on a CPU there is no datasheet: MFU against what this machine does).
-Nothing is fitted to training: each figure is one kernel's, timed alone.
+Nothing is fitted to training: each figure is one kernel's or one loop's, timed alone.
 """
 from __future__ import annotations
 
@@ -21,16 +26,17 @@ import os
 import socket
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import psutil
 import torch
 import yaml
 
 from ablate import usable_cores
+from ablate.calibrate.ops import micro_batch, overlap_share, per_op, per_op_together, timed
+from ablate.calibrate.strategy import unit_seconds
 from ablate.compose import config_of
 from ablate.config import ConfigError, ModelConfig, exit_code_of
 from ablate.metrics.host import cpu_model
@@ -39,21 +45,6 @@ from ablate.predict.network import BUS_FACTOR
 
 COLUMNS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BUS = {k: BUS_FACTOR[k] for k in ("all_gather", "reduce_scatter", "all_reduce")}
-
-
-def timed(fn: Callable[[], object], device: torch.device, least_s: float = 0.3) -> float:
-    """The median seconds of one call: warmed once, then repeated in batches until `least_s` has passed."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    samples: List[float] = []
-    started = time.perf_counter()
-    while time.perf_counter() - started < least_s or len(samples) < 3:
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def shapes(cfg) -> Dict[str, int]:
@@ -107,7 +98,7 @@ def collective_figures(procs: int) -> Dict[str, Dict[str, float]]:
     return {"busbw": {k: v for k, v in busbw.items() if v}, "latency": {"base": statistics.median(latencies)}}
 
 
-def measured(cfg, device: torch.device, procs: int) -> Dict[str, object]:
+def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str, object]:
     """Every figure this machine gives, with its provenance."""
     s = shapes(cfg)
     part = cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device)
@@ -115,14 +106,29 @@ def measured(cfg, device: torch.device, procs: int) -> Dict[str, object]:
              f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
     matmul = {c: matmul_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
     attention = {c: attention_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
+    together = procs > 1 and device.type == "cpu"   # timed as the ranks will run them: all at once
     out: Dict[str, object] = {
         "matmul_tflops": matmul, "attention_tflops": attention,
-        "memory_gbytes_per_s": memory_rate(device) / 1e9, "launch_us": launch_seconds(device) * 1e6}
+        "memory_gbytes_per_s": memory_rate(device) / 1e9, "launch_us": launch_seconds(device) * 1e6,
+        **(per_op_together(cfg, procs, torch.get_num_threads()) if together else per_op(cfg, device))}
+    at_once = f", in {procs} processes at once (the mean)" if together else ""
     provenance = {"matmul_tflops": f"{stamp}): torch.mm {s['tokens']} x {s['dim']} x {s['ffn']}, median",
                   "attention_tflops": f"{stamp}): SDPA causal forward + backward, batch {s['batch']}, {s['heads']} "
                                       f"heads of {s['head_dim']}, {s['seq']} tokens",
                   "memory_gbytes_per_s": f"{stamp}): torch.add of two 64 MB float32 tensors",
-                  "launch_us": f"{stamp}): one add on a one-element tensor"}
+                  "launch_us": f"{stamp}): one add on a one-element tensor",
+                  "autograd_us": f"{stamp}): 64 multiplications under autograd, forward and backward, per op, "
+                                 f"less one called bare{at_once}",
+                  "optimizer_tensor_us": f"{stamp}): the run's optimizer and gradient clipping over 64 "
+                                         f"parameters of 16 elements, per parameter{at_once}",
+                  "op_us": f"{stamp}): each op of {micro_batch(cfg)} sequence(s)' forward and backward of this "
+                           f"model, replayed at its shapes in the step's order, median{at_once}"}
+    unit = unit_seconds(argv, cfg) if device.type == "cpu" else None
+    if unit is not None:
+        out["strategy_unit_us"] = {unit[0]: unit[1] * 1e6}
+        provenance["strategy_unit_us"] = (f"{stamp}): the step of this model's blocks at a few elements a matrix "
+                                          "with the strategy on a fake process group, less it on one rank alone, "
+                                          "per unit (blocks + 1)")
     if procs > 1 and device.type == "cpu":
         figures = collective_figures(procs)
         out["collective_gbytes_per_s"] = {k: v / 1e9 for k, v in figures["busbw"].items()}
@@ -130,6 +136,9 @@ def measured(cfg, device: torch.device, procs: int) -> Dict[str, object]:
                                         "hop_network": 0.0}
         provenance["collective_gbytes_per_s"] = (f"{stamp}): the lockstep probe, {procs} gloo processes, a line "
                                                  "fitted per kind (slope: bus bandwidth, intercept: latency)")
+        out["overlap"] = overlap_share(max(1, usable_cores() // procs))
+        provenance["overlap"] = (f"{stamp}): 2 gloo processes, a 4 MB all-reduce issued asynchronously beside a "
+                                 "matmul loop, against the two one after the other")
     out["provenance"] = provenance
     return out
 
@@ -163,12 +172,13 @@ def main(argv: List[str] = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        cfg = config_of([*(f"--config-dir={d}" for d in args.config_dir), *args.overrides])[1]
+        argv = [*(f"--config-dir={d}" for d in args.config_dir), *args.overrides]
+        cfg = config_of(argv)[1]
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         procs = cfg.launcher.nproc_per_node
         threads = max(1, usable_cores() // procs)
         torch.set_num_threads(threads)
-        node = hardware_file(measured(cfg, device, procs), device, threads)
+        node = hardware_file(measured(cfg, device, procs, argv), device, threads)
         Path(args.out).write_text(yaml.safe_dump(node, sort_keys=False))
     except ConfigError as e:
         return exit_code_of(e)

@@ -19,7 +19,8 @@ KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_
         # optional, achieved (microbenchmarks, each sourced in the file, or measured by `python -m ablate.calibrate`):
         # the step-time model's rates (predict/kernels.py, predict/__init__.py)
         "matmul_tflops", "attention_tflops", "memory_gbytes_per_s", "launch_us", "collective_gbytes_per_s",
-        "collective_latency_us", "provenance")
+        "collective_latency_us", "op_us", "autograd_us", "optimizer_tensor_us", "overlap",
+        "strategy_unit_us", "provenance")
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 # Parts that share a family name with a file here but run at other clocks and power (H100/H200 NVL, GB200, GH200):
 # no file of theirs, so they get none rather than the SXM/B200 one, which would read their MFU ~15% low. Set
@@ -43,6 +44,11 @@ class Hardware:
     collective_bytes_per_s: Optional[Dict[str, float]] = None   # nccl-tests' bus bandwidth within a node, per kind
     collective_latency_s: Optional[Dict[str, float]] = None     # base, hop_nvlink, hop_network (NCCL's ring model)
     provenance: Optional[Dict[str, str]] = None       # where each achieved figure comes from
+    op_seconds: Optional[Dict[str, float]] = None     # ops timed at their own shapes (predict/kernels.py's signature)
+    autograd_s: Optional[float] = None                # a training step's op beyond the op: autograd's node, engine
+    overlap: Optional[float] = None                   # the share of communication concurrent compute hides
+    optimizer_tensor_s: Optional[float] = None        # the optimizer's step and clipping per parameter tensor
+    strategy_unit_s: Optional[Dict[str, float]] = None   # a strategy's bookkeeping per unit and pass (its mesh)
 
     def record(self) -> Dict[str, object]:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_flops": self.peak_flops,
@@ -80,7 +86,10 @@ def load(path: Path, key: str = "--hardware") -> Hardware:
                     _number(node, "memory_gbytes_per_s", 1e9, path, key), _number(node, "launch_us", 1e-6, path, key),
                     scaled(node, "collective_gbytes_per_s", 1e9, path, key),
                     scaled(node, "collective_latency_us", 1e-6, path, key),
-                    {str(k): str(v) for k, v in (node.get("provenance") or {}).items()})
+                    {str(k): str(v) for k, v in (node.get("provenance") or {}).items()},
+                    scaled(node, "op_us", 1e-6, path, key), _number(node, "autograd_us", 1e-6, path, key),
+                    _number(node, "overlap", 1.0, path, key), _number(node, "optimizer_tensor_us", 1e-6, path, key),
+                    scaled(node, "strategy_unit_us", 1e-6, path, key))
 
 
 def scaled(node, name: str, unit: float, path, key: str) -> Optional[Dict[str, float]]:

@@ -4,7 +4,10 @@ Per optimizer step and rank:
 - compute, as the kernels run it (predict/kernels.py, predict/machine.py): each op of the rank's forward and
   backward (recompute included) at its class's achieved rate - matmuls at the roofline of the matmul rate and the
   memory bandwidth, attention at SDPA's kernel rate, every other op at the memory bandwidth, each at least a
-  launch - and the optimizer's step over the rank's shard (memory-bound); where the machine has no such figures,
+  launch, or the time the machine measured for that very op (a calibrated file's op_us), each + autograd's per op,
+  on every forward-backward of the step - the optimizer's step over the rank's shard (memory-bound, + a time per
+  parameter tensor) and the strategy's own bookkeeping per unit (a calibrated file's); where the machine has no such
+  figures,
   the hardware FLOPs over the matmul rate (a bound on a datasheet's). Under a pipeline the step is that over
   1 - the schedule's expected bubble (config/schedules.py);
 - communication per mesh dim (predict/network.py) = the comm model's bytes (parallel/comm_model.py) x the
@@ -13,9 +16,10 @@ Per optimizer step and rank:
 - what of it is exposed, as each strategy schedules it: FSDP2/HSDP/ZeRO's gathers and reduce-scatters run a block
   ahead, behind the compute, all but the first gather and the last reduce-scatter (one unit's of the blocks + the
   root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute); tensor
-  parallelism's collectives and the pipeline's sends sit on the critical path, all exposed.
+  parallelism's collectives and the pipeline's sends sit on the critical path, all exposed; of what a schedule
+  would hide, the machine hides its `overlap` share (a calibrated CPU's gloo runs on the ranks' own cores).
 step = compute (/ (1 - bubble)) + the exposed communication. Left out: data wait, torch.compile's fusion, the
-interference of communication with the compute it overlaps. Pure arithmetic on the figures given: the plan
+interference of communication with the compute it overlaps on a GPU. Pure arithmetic on the figures given: the plan
 (`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's `predicted`) and tests give them.
 """
 from __future__ import annotations
@@ -53,7 +57,8 @@ def predict(step: Step, machine: Machine) -> Dict[str, object]:
     compute, parts = compute_seconds(step, machine)
     busy = compute / (1 - step.bubble)
     comm = comm_seconds(step, machine)
-    hidden = {d: (exposed(step, d, s, compute) if s is not None else None) for d, s in comm.items()}
+    hidden = {d: (s - machine.overlap * (s - exposed(step, d, s, compute)) if s is not None else None)
+              for d, s in comm.items()}
     total = busy + sum(s for s in hidden.values() if s is not None)
     peak = machine.peak.get(step.column)
     return {"step_time_s": total, "tokens_per_s": step.tokens / total,
@@ -101,7 +106,8 @@ def for_plan(cfg, layout, n_params: int, n_blocks: int, hw) -> Dict[str, object]
     """`ablate.plan --hardware`'s `predicted`: the layout on that hardware (its file's rate and links), the FLOPs
     of the model's FLOP model (counted on the meta device for a model not built in)."""
     flops = flops_of(cfg.model, cfg.train.seq_len)
-    step = step_of(cfg, layout, flops, expected_comm(cfg, layout, n_params), n_blocks, n_params)
+    step = step_of(cfg, layout, flops, expected_comm(cfg, layout, n_params), n_blocks, n_params,
+                   by_signature=bool(hw.op_seconds))
     return predict(step, of_hardware(hw))
 
 
@@ -119,10 +125,11 @@ def flops_of(model_cfg, seq: int):
 
 
 def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks: int,
-            n_params: Optional[int] = None) -> Step:
+            n_params: Optional[int] = None, by_signature: bool = False) -> Step:
     """One optimizer step of the run `cfg` asks for on `layout`: a device's share of its replica's FLOPs (the FLOP
     model's, recompute included), the comm model's bytes and calls, the pipeline's expected bubble; given the
-    model's parameters, its ops per sequence for the per-op compute model and its optimizer's bytes."""
+    model's parameters, its ops for the per-op compute model (one sequence's, scaled; `by_signature`: a
+    micro-batch's, as the rank runs them, for a machine that timed ops at their shapes) and its optimizer's bytes."""
     t = cfg.train
     tokens = replica_tokens(cfg)
     per_replica = flops.training(tokens, tokens * t.seq_len)
@@ -132,18 +139,21 @@ def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks
                                                                                                      comm_bytes,
                                                                                                      n_blocks))
     if n_params:
-        step.work, step.share = recorded_work(cfg, layout.pp), 1 / layout.tp
-        step.sequences = t.batch_size * t.grad_accum
+        cut = cfg.parallel.microbatches if layout.pp > 1 else 1   # a pipeline runs each micro-batch through
+        step.passes, step.micro_sequences, step.share = t.grad_accum * cut, t.batch_size / cut, 1 / layout.tp
+        batch = int(step.micro_sequences) if by_signature and step.micro_sequences.is_integer() else 1
+        step.work = recorded_work(cfg, layout.pp, batch)
+        step.param_tensors = step.work.param_tensors if step.work else 0.0
         on_rank = n_params / (layout.model_ranks * layout.dp_shard)   # FSDP and ZeRO shard it over dp_shard
         step.optimizer_bytes = on_rank * OPTIMIZER_BYTES.get(cfg.optim.name, OPTIMIZER_BYTES["adamw"])
     return step
 
 
-def recorded_work(cfg, pp: int):
+def recorded_work(cfg, pp: int, batch: int):
     """The rank's ops (predict/kernels.py), or None for a model whose step neither fake tensors nor the meta device
     can run: a prediction never stops a run or a plan that can go on without it."""
     try:
-        return work_of(cfg, pp)
+        return work_of(cfg, pp, batch)
     except Exception:   # (any model's own code: whatever it raises, the FLOP model still answers)
         return None
 

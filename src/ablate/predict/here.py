@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import socket
 import statistics
 import tempfile
@@ -79,22 +80,28 @@ def threads_per_rank(ranks_here: int) -> int:
     return max(1, usable_cores() // max(1, ranks_here))
 
 
-def free_step(cfg, rank: int, together: Optional[Path] = None) -> Tuple[float, List[Call], Dict[str, object]]:
+def free_step(cfg, rank: int, together: Optional[Path] = None,
+              real: bool = False) -> Tuple[float, List[Call], Dict[str, object]]:
     """Rank `rank`'s optimizer step of the run `cfg` (an AblateConfig) asks for, with a fake process group: its
     median time (TIMED_STEPS and TIMED_S, after WARM_STEPS), the collectives one step makes, and the host's CPU
     over the timed steps (metrics/host.py: other processes' share says a busy host). `together`: the
-    FileStore where the ranks' free steps meet (together.py), for more than one rank."""
+    FileStore where the ranks' free steps meet (together.py), for more than one rank. `real`: a gloo group
+    instead (the collectives run; DeepSpeed's engines and pipelines' schedules, which a fake group cannot run;
+    TIMED_STEPS steps on every rank, in lockstep)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     layout = parallel.layout_of(cfg)
     threads = torch.get_num_threads()   # (one rank runs in the caller's process: its threads are given back)
     torch.set_num_threads(threads_per_rank(cfg.launcher.nproc_per_node))
     if layout.world > 1 or parallel.choice(cfg.parallel.name).needs_group:
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
-    strategy, meet = None, Together(together, layout.world) if together else None
+        if real:
+            os.environ["LOCAL_RANK"] = str(rank)   # (DeepSpeed asks for it as a launcher sets it)
+        store = dist.FileStore(f"{together}.store", layout.world) if real else FakeStore()
+        dist.init_process_group("gloo" if real else "fake", store=store, rank=rank, world_size=layout.world)
+    strategy, meet = None, Together(together, layout.world) if together and not real else None
     try:
         strategy, step = rank_step(cfg, rank, layout)
-        seconds, on_host = timed(step, meet)
+        seconds, on_host = timed(step, meet, lockstep=real)
         return seconds, calls_of(step, strategy, layout), on_host
     finally:
         if meet:
@@ -118,7 +125,11 @@ def rank_step(cfg, rank: int, layout):
                                        0, torch.device("cpu")), cfg.dataloader, torch.device("cpu"))
 
     def step():
-        for micro in range(cfg.train.grad_accum):
+        if strategy.pipeline is not None:   # the schedule owns the forwards and backwards (train/loop.py)
+            x, y = next(feeder)
+            with strategy.autocast():
+                strategy.pipeline.step(x, y)
+        for micro in range(cfg.train.grad_accum if strategy.pipeline is None else 0):
             x, y = next(feeder)
             with strategy.micro_step(last=micro == cfg.train.grad_accum - 1):
                 with strategy.autocast():
@@ -128,17 +139,17 @@ def rank_step(cfg, rank: int, layout):
     return strategy, step
 
 
-def timed(step, meet: Optional[Together]) -> Tuple[float, Dict[str, object]]:
+def timed(step, meet: Optional[Together], lockstep: bool = False) -> Tuple[float, Dict[str, object]]:
     """The step's median time and the host's CPU over the timed steps; with other ranks (`meet`), timed once every
     rank has built its step, and stepped on untimed until the slowest is timed (the cores as busy as the run's
-    ranks will keep them)."""
+    ranks will keep them); `lockstep` (a real group: as many collectives on every rank): TIMED_STEPS steps."""
     if meet:
         meet.arrive()
     for _ in range(WARM_STEPS):
         step()
     times, load = [], HostLoad()
     load.start()
-    while len(times) < MAX_STEPS and (len(times) < TIMED_STEPS or sum(times) < TIMED_S):
+    while len(times) < MAX_STEPS and (len(times) < TIMED_STEPS or sum(times) < TIMED_S and not lockstep):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
@@ -161,21 +172,24 @@ def calls_of(step, strategy, layout) -> List[Call]:
             for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
 
 
-def _rank(rank: int, cfg, together: Path, out) -> None:
+def _rank(rank: int, cfg, together: Path, out, real: bool = False) -> None:
     # torch's advice to the model's author (DTensor's sequential all-reduces under fsdp2 x tp, FSDP2's view outputs),
     # once per process: a run keeps it in its log; the console of a prediction is no place for it
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
-    out.put((rank, *free_step(cfg, rank, together)))
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")   # (DeepSpeed's older calls)
+    out.put((rank, *free_step(cfg, rank, together, real)))
 
 
-def free_steps(cfg, ranks: int) -> List[Tuple[int, float, List[Call], Dict[str, object]]]:
-    """Every rank's free step, all at once in processes of their own (spawned: a clean torch in each)."""
-    if ranks == 1:
+def free_steps(cfg, ranks: int, real: bool = False) -> List[Tuple[int, float, List[Call], Dict[str, object]]]:
+    """Every rank's free step, all at once in processes of their own (spawned: a clean torch in each); `real`: on
+    a gloo group (free_step)."""
+    if ranks == 1 and not real:
         return [(0, *free_step(cfg, 0))]
     out = mp.get_context("spawn").SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="ablate-free-steps-") as meet:
-        mp.start_processes(_rank, args=(cfg, Path(meet) / "together", out), nprocs=ranks, start_method="spawn")
+        mp.start_processes(_rank, args=(cfg, Path(meet) / "together", out, real), nprocs=ranks,
+                           start_method="spawn")
         return sorted(out.get() for _ in range(ranks))
 
 

@@ -2,9 +2,10 @@
 wrote), and a rank's compute on it (docs/prediction.md, "Compute")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Tuple
 
+from ablate.config.dims import label
 from ablate.predict.step import Step
 
 CLASSES = ("matmul", "attention", "memory")
@@ -27,6 +28,11 @@ class Machine:
     launch_s: float = 0.0
     collective: Optional[Dict[str, float]] = None
     latency: Optional[Dict[str, float]] = None
+    op_seconds: Optional[Dict[str, float]] = None   # ops timed at their own shapes (a calibrated file's op_us)
+    autograd_s: float = 0.0                         # what an op of a training step costs beyond the op itself
+    overlap: float = 1.0                            # the share of communication concurrent compute hides
+    optimizer_tensor_s: float = 0.0                 # the optimizer's step and clipping per parameter tensor
+    strategy_unit: Optional[Dict[str, float]] = None   # a strategy's bookkeeping per unit and pass, by strategy_key
 
     def intra_of(self, kind: str) -> Optional[float]:
         return (self.collective or {}).get(kind) or self.intra_bytes_per_s
@@ -42,6 +48,11 @@ class Machine:
         return bool(self.rate.get(column) and self.attention_rate(column) and self.memory_bytes_per_s)
 
 
+def strategy_key(strategy: str, sizes: Dict[str, int]) -> str:
+    """A strategy's bookkeeping figure's key: the strategy and its mesh ("fsdp2 1x1x2x1")."""
+    return f"{strategy} {label(sizes)}"
+
+
 def compute_seconds(step: Step, machine: Machine) -> Tuple[float, Dict[str, float]]:
     """A rank's compute in one step, and its parts: per op class (predict/kernels.py) and the optimizer's step (the
     bytes it reads and writes over the rank's shard, memory-bound), where the machine has the figures and the step
@@ -50,14 +61,20 @@ def compute_seconds(step: Step, machine: Machine) -> Tuple[float, Dict[str, floa
     if step.work is None or not machine.per_op(column):
         return step.hw_flops / machine.rate[column], {}
     rates = {"matmul": machine.rate[column], "attention": machine.attention_rate(column)}
-    bandwidth, launch = machine.memory_bytes_per_s, machine.launch_s
+    bandwidth, launch, timed, extra = machine.memory_bytes_per_s, machine.launch_s, machine.op_seconds or {}, \
+        machine.autograd_s
 
-    def seconds_of(kind: str, flops: float, moved: float) -> float:
-        return max(flops / rates[kind] if kind in rates else 0.0, moved / bandwidth, launch)
+    def seconds_of(kind: str, flops: float, moved: float, signature: Optional[str]) -> float:
+        if signature in timed:   # this very op, timed on this machine
+            return timed[signature] + extra
+        return max(flops / rates[kind] if kind in rates else 0.0, moved / bandwidth, launch) + extra
 
-    by_class = step.work.cost_by_class(seconds_of, step.sequences, step.share)
+    by_class = step.work.cost_by_class(seconds_of, step.passes, step.micro_sequences, step.share)
     parts = {kind: by_class.get(kind, 0.0) for kind in CLASSES}
-    parts["optimizer"] = step.optimizer_bytes / bandwidth
+    parts["optimizer"] = step.optimizer_bytes / bandwidth + step.param_tensors * machine.optimizer_tensor_s
+    unit = (machine.strategy_unit or {}).get(strategy_key(step.strategy, step.sizes))
+    if unit is not None:   # FSDP's copies and hooks, DTensor's rules: per unit (the stage's blocks and the root)
+        parts["strategy"] = unit * step.passes * (step.n_blocks / step.sizes.get("pp", 1) + 1)
     return sum(parts.values()), parts
 
 
@@ -74,7 +91,8 @@ def of_hardware(hw) -> Machine:
               "datasheet peak: no measured matmul rate in the file, so a bound (add matmul_tflops)")
     return Machine({**hw.peak_flops, **(measured or {})}, hw.peak_flops, nvlink, hw.network_bytes_per_s, source,
                    hw.name, hw.attention_flops, hw.memory_bytes_per_s, hw.launch_s or 0.0, hw.collective_bytes_per_s,
-                   hw.collective_latency_s)
+                   hw.collective_latency_s, hw.op_seconds, hw.autograd_s or 0.0,
+                   1.0 if hw.overlap is None else hw.overlap, hw.optimizer_tensor_s or 0.0, hw.strategy_unit_s)
 
 
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
@@ -83,7 +101,6 @@ def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
     machine = of_hardware(hw)
     if not measured_rate:
         return machine
-    return Machine({**machine.rate, column: measured_rate}, machine.peak, machine.intra_bytes_per_s,
-                   machine.inter_bytes_per_s, machine.rate_source + "; this GPU's calibrated GEMM rate "
-                   "(metrics/peak.py) for its matmuls", hw.name, machine.attention, machine.memory_bytes_per_s,
-                   machine.launch_s, machine.collective, machine.latency)
+    return replace(machine, rate={**machine.rate, column: measured_rate},
+                   rate_source=machine.rate_source + "; this GPU's calibrated GEMM rate (metrics/peak.py) for its "
+                   "matmuls")

@@ -13,9 +13,9 @@ __all__ = ["Step", "strides"]
 @dataclass
 class Step:
     """Hardware and model FLOPs of a device, bytes per mesh dim (None: not modelled), the global tokens, the blocks
-    (FSDP's units), the layout's shape and the compute dtype's column; for the per-op compute model, one sequence's
-    ops (`work`), the sequences a rank runs them for and its share of each op (1/tp), the bytes its optimizer step
-    reads and writes; the collective calls per dim (their latency)."""
+    (FSDP's units), the layout's shape and the compute dtype's column; for the per-op compute model, a forward and
+    backward's ops (`work`), how many a rank runs and of how many sequences, its share of each op (1/tp), the bytes
+    its optimizer step reads and writes; the collective calls per dim (their latency)."""
     hw_flops: float
     model_flops: float
     comm_bytes: Dict[str, Optional[float]]
@@ -28,7 +28,9 @@ class Step:
     bubble: float = 0.0               # a pipeline's expected bubble
     strides: Dict[str, int] = field(default_factory=dict)
     work: Optional[Work] = None
-    sequences: float = 0.0
+    passes: float = 1.0               # forwards and backwards a step runs: micro-steps x a pipeline's micro-batches
+    micro_sequences: float = 0.0      # the sequences of each
     share: float = 1.0
     optimizer_bytes: float = 0.0
+    param_tensors: float = 0.0        # the parameter tensors a rank's optimizer steps (a pipeline stage's share)
     calls: Dict[str, float] = field(default_factory=dict)
