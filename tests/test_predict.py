@@ -72,6 +72,9 @@ def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     assert parts["optimizer"] == pytest.approx(10 * 1e-2)
     assert parts["strategy"] == pytest.approx(0.1 * 3 * (4 + 1))
     assert p["exposed_comm_s"]["dp_shard"] == pytest.approx(p["comm_s"]["dp_shard"])   # overlap 0: all of it
+    busy = predict(as_recorded, replace(machine, overlap=1.7))   # a noisy reading hides no more than a schedule
+    assert busy["exposed_comm_s"]["dp_shard"] == pytest.approx(predict(as_recorded, replace(machine, overlap=1.0))[
+        "exposed_comm_s"]["dp_shard"])
     halved = predict(replace(as_recorded, share=0.5), machine)["compute_s_by_class"]
     assert halved["matmul"] == pytest.approx(3 * 2 * (0.5e12 / 100e12 + 1e-4))   # not as recorded: its class
 

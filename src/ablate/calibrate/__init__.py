@@ -138,7 +138,8 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
                                                  "fitted per kind (slope: bus bandwidth, intercept: latency)")
         out["overlap"] = overlap_share(max(1, usable_cores() // procs))
         provenance["overlap"] = (f"{stamp}): 2 gloo processes, a 4 MB all-reduce issued asynchronously beside a "
-                                 "matmul loop, against the two one after the other")
+                                 "matmul loop, against the two one after the other (above 1: the host was busy; "
+                                 "the model hides at most what a schedule lets it)")
     out["provenance"] = provenance
     return out
 

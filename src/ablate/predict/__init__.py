@@ -57,7 +57,8 @@ def predict(step: Step, machine: Machine) -> Dict[str, object]:
     compute, parts = compute_seconds(step, machine)
     busy = compute / (1 - step.bubble)
     comm = comm_seconds(step, machine)
-    hidden = {d: (s - machine.overlap * (s - exposed(step, d, s, compute)) if s is not None else None)
+    share = min(machine.overlap, 1.0)   # compute hides at most what the schedule lets it (a reading above 1 is noise)
+    hidden = {d: (s - share * (s - exposed(step, d, s, compute)) if s is not None else None)
               for d, s in comm.items()}
     total = busy + sum(s for s in hidden.values() if s is not None)
     peak = machine.peak.get(step.column)
