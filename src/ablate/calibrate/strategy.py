@@ -22,6 +22,7 @@ from ablate.config import ModelConfig
 from ablate.parallel.comm_model import expected_comm
 from ablate.predict import collectives, here
 from ablate.predict.machine import strategy_key
+from ablate.train.ranks import local_rank_is
 
 
 def shrunk(cfg):
@@ -58,7 +59,7 @@ def unit_seconds(argv: List[str], cfg) -> Optional[Tuple[str, float]]:
             cfg.model.moe or cfg.launcher.nodes > 1:
         return None
     small = config_of([*argv, *shrunk(cfg)])[1]
-    steps = here.free_steps(small, small.launcher.nproc_per_node, real)
+    steps = here.free_steps(small, small.launcher.nproc_per_node, real, local_rank_is if real else None)
     with_strategy = max(step[1] for step in steps) - (priced_calls(small, steps[0][2]) if real else 0.0)
     own = [a for a in argv if not a.lstrip("+~").startswith(("parallel", "launcher"))]   # its layout's, dropped
     without = here.free_steps(config_of([*own, *shrunk(cfg), *ALONE])[1], 1)[0][1]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import socket
 import statistics
 import tempfile
@@ -29,7 +28,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -94,8 +93,6 @@ def free_step(cfg, rank: int, together: Optional[Path] = None,
     threads = torch.get_num_threads()   # (one rank runs in the caller's process: its threads are given back)
     torch.set_num_threads(threads_per_rank(cfg.launcher.nproc_per_node))
     if layout.world > 1 or parallel.choice(cfg.parallel.name).needs_group:
-        if real:
-            os.environ["LOCAL_RANK"] = str(rank)   # (DeepSpeed asks for it as a launcher sets it)
         store = dist.FileStore(f"{together}.store", layout.world) if real else FakeStore()
         dist.init_process_group("gloo" if real else "fake", store=store, rank=rank, world_size=layout.world)
     strategy, meet = None, Together(together, layout.world) if together and not real else None
@@ -172,7 +169,10 @@ def calls_of(step, strategy, layout) -> List[Call]:
             for i, (called, nbytes, dim, _) in enumerate(strategy.comm.log)]
 
 
-def _rank(rank: int, cfg, together: Path, out, real: bool = False) -> None:
+def _rank(rank: int, cfg, together: Path, out, real: bool = False,
+          prepare: Optional[Callable[[int], None]] = None) -> None:
+    if prepare is not None:   # the rank's environment, as its caller's launcher would set it
+        prepare(rank)
     # torch's advice to the model's author (DTensor's sequential all-reduces under fsdp2 x tp, FSDP2's view outputs),
     # once per process: a run keeps it in its log; the console of a prediction is no place for it
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -181,14 +181,15 @@ def _rank(rank: int, cfg, together: Path, out, real: bool = False) -> None:
     out.put((rank, *free_step(cfg, rank, together, real)))
 
 
-def free_steps(cfg, ranks: int, real: bool = False) -> List[Tuple[int, float, List[Call], Dict[str, object]]]:
+def free_steps(cfg, ranks: int, real: bool = False, prepare: Optional[Callable[[int], None]] = None
+               ) -> List[Tuple[int, float, List[Call], Dict[str, object]]]:
     """Every rank's free step, all at once in processes of their own (spawned: a clean torch in each); `real`: on
-    a gloo group (free_step)."""
+    a gloo group (free_step), each process `prepare`d with its rank first."""
     if ranks == 1 and not real:
         return [(0, *free_step(cfg, 0))]
     out = mp.get_context("spawn").SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="ablate-free-steps-") as meet:
-        mp.start_processes(_rank, args=(cfg, Path(meet) / "together", out, real), nprocs=ranks,
+        mp.start_processes(_rank, args=(cfg, Path(meet) / "together", out, real, prepare), nprocs=ranks,
                            start_method="spawn")
         return sorted(out.get() for _ in range(ranks))
 

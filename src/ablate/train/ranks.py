@@ -131,6 +131,12 @@ def be_a_world_of_one() -> None:
             _SET_FOR_ONE.append(key)
 
 
+def local_rank_is(rank: int) -> None:
+    """A process ablate starts as rank `rank` of a group on this host (calibrate's gloo steps): the variable
+    DeepSpeed asserts, as a launcher sets it."""
+    os.environ["LOCAL_RANK"] = str(rank)
+
+
 def forget_world_of_one() -> None:
     """A run inside a longer-lived process (tests, a caller) leaves no rank variable behind."""
     while _SET_FOR_ONE:
