@@ -126,7 +126,9 @@ def rank_step(cfg, rank: int, layout):
             x, y = next(feeder)
             with strategy.autocast():
                 strategy.pipeline.step(x, y)
-        for micro in range(cfg.train.grad_accum if strategy.pipeline is None else 0):
+            strategy.step()
+            return
+        for micro in range(cfg.train.grad_accum):
             x, y = next(feeder)
             with strategy.micro_step(last=micro == cfg.train.grad_accum - 1):
                 with strategy.autocast():
