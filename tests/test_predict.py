@@ -109,6 +109,17 @@ def test_a_pipelines_bubble_stretches_its_compute_and_unknowns_stay_unknown():
     assert predict(step(column="fp8"), MACHINE)["step_time_s"] is None
 
 
+def test_a_pipelines_bubble_stretches_the_collectives_of_its_actions_too():
+    """A stage idles (p - 1) of its micro-batch actions, each its compute and its tp collectives; FSDP's gathers,
+    hidden behind the whole step, are not in them."""
+    sizes = {**ONE, "pp": 2, "tp": 2, "dp_shard": 2}
+    p = predict(step(strategy="fsdp2", sizes=sizes, bubble=0.2, comm_bytes={"tp": 10e9, "dp_shard": 1e9}), MACHINE)
+    tp, fsdp = 10e9 * 0.5 / 100e9, 1e9 * 0.5 / 100e9 / 10   # tp exposed whole; FSDP one unit's of 9 blocks + root
+    assert p["exposed_comm_s"]["tp"] == pytest.approx(tp) and p["exposed_comm_s"]["dp_shard"] == pytest.approx(fsdp)
+    assert p["step_time_s"] == pytest.approx((1.0 + tp) / 0.8 + fsdp)
+    assert p["bubble_s"] == pytest.approx((1.0 + tp) * 0.25)
+
+
 def test_the_plan_predicts_the_8b_step_per_op_on_1_and_8_nodes_of_h100s(capsys):
     """#68's done-whens, in process (~6 s: the 8B's ops recorded once on fake tensors): MFU between 0.25 and 0.55
     from the file's achieved rates, not the datasheet's; 64 GPUs within 15% of 8 per GPU (torchtitan published 5,605

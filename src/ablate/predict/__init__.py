@@ -8,7 +8,8 @@ Per optimizer step and rank:
   on every forward-backward of the step - the optimizer's step over the rank's shard (memory-bound, + a time per
   parameter tensor) and the strategy's own bookkeeping per unit (a calibrated file's); where the machine has no such
   figures,
-  the hardware FLOPs over the matmul rate (a bound on a datasheet's). Under a pipeline the step is that over
+  the hardware FLOPs over the matmul rate (a bound on a datasheet's). Under a pipeline a stage's micro-batch
+  actions (their compute and the collectives on their critical path: tp's, ep's, the sends) take that over
   1 - the schedule's expected bubble (config/schedules.py);
 - communication per mesh dim (predict/network.py) = the comm model's bytes (parallel/comm_model.py) x the
   collective's bus factor / the bus bandwidth of the link the dim crosses (nccl-tests' figures per kind within a
@@ -18,9 +19,10 @@ Per optimizer step and rank:
   root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute); tensor
   parallelism's collectives and the pipeline's sends sit on the critical path, all exposed; of what a schedule
   would hide, the machine hides its `overlap` share (a calibrated CPU's gloo runs on the ranks' own cores).
-step = compute (/ (1 - bubble)) + the exposed communication. Left out: data wait, torch.compile's fusion, the
-interference of communication with the compute it overlaps on a GPU. Pure arithmetic on the figures given: the plan
-(`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's `predicted`) and tests give them.
+step = (compute + critical-path communication) (/ (1 - bubble)) + the rest of the exposed communication. Left
+out: data wait, torch.compile's fusion, the interference of communication with the compute it overlaps on a GPU.
+Pure arithmetic on the figures given: the plan (`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's
+`predicted`) and tests give them.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import Dict, Optional
 
 from ablate import hardware
 from ablate.config import ModelConfig
+from ablate.config.dims import BY_NAME
 from ablate.config.schedules import expected_of
 from ablate.model import build_net
 from ablate.model.facts import flop_model
@@ -55,16 +58,19 @@ def predict(step: Step, machine: Machine) -> Dict[str, object]:
     if not machine.rate.get(step.column):
         return {"step_time_s": None, "why": f"{machine.name}: no matmul rate for {step.column}"}
     compute, parts = compute_seconds(step, machine)
-    busy = compute / (1 - step.bubble)
     comm = comm_seconds(step, machine)
     share = min(machine.overlap, 1.0)   # compute hides at most what the schedule lets it (a reading above 1 is noise)
     hidden = {d: (s - share * (s - exposed(step, d, s, compute)) if s is not None else None)
               for d, s in comm.items()}
-    total = busy + sum(s for s in hidden.values() if s is not None)
+    # a pipeline's stages wait (p - 1) of their micro-batch actions: each action is its compute and the collectives
+    # on its critical path (tp's, ep's, the sends), so the bubble scales both
+    in_action = sum(s for d, s in hidden.items() if s is not None and BY_NAME[d].hidden_by == "none")
+    busy = (compute + in_action) / (1 - step.bubble)
+    total = busy + sum(s for d, s in hidden.items() if s is not None and BY_NAME[d].hidden_by != "none")
     peak = machine.peak.get(step.column)
     return {"step_time_s": total, "tokens_per_s": step.tokens / total,
             "mfu": step.model_flops / total / peak if peak else None, "compute_s": compute,
-            "compute_s_by_class": parts or None, "bubble_s": busy - compute, "exposed_comm_s": hidden,
+            "compute_s_by_class": parts or None, "bubble_s": busy - compute - in_action, "exposed_comm_s": hidden,
             "comm_s": comm, "rate_source": source_of(step, machine, bool(parts))}
 
 
@@ -163,16 +169,17 @@ def calls_of(cfg, layout, comm_bytes: Dict[str, Optional[float]], n_blocks: int)
     """Collective calls per dim in one step (their latency): FSDP's two gathers (forward, backward) and one
     reduce-scatter per unit (the blocks of a stage and the root) and micro-step; HSDP's all-reduce per unit and
     micro-step, DDP's per bucket; TP's two all-gathers and two reduce-scatters forward, as many backward, per block
-    and micro-batch (sequence parallel; a pipeline's micro-batches each pass the stage); a pipeline's send forward
-    and back per micro-batch."""
+    and micro-batch (sequence parallel; a pipeline's micro-batches each pass the stage); a pipeline's sends per
+    micro-batch: out of each of its v stages forward, back out of each but the first (the comm model's bytes)."""
     micro, blocks = cfg.train.grad_accum, n_blocks / layout.pp
     pipeline = cfg.parallel.microbatches if layout.pp > 1 else 1
     ddp = cfg.parallel.name in ("ddp", "ddp_sync")
     replicate = math.ceil((comm_bytes.get("dp_replicate") or 0) / DDP_BUCKET_BYTES) if ddp else micro * (blocks + 1)
     # a mixture's, per block and micro-batch: FSDP's unit of the rank's experts (efsdp); ep's three all-to-alls
     # forward (the counts, the slots out, back) and two backward
+    sends = 2 * cfg.parallel.pp_stages_per_rank - 1
     return {"dp_shard": micro * 3 * (blocks + 1), "dp_replicate": replicate, "tp": micro * pipeline * 8 * blocks,
-            "pp": micro * pipeline * 2, "efsdp": micro * 3 * blocks, "ep": micro * pipeline * 5 * blocks}
+            "pp": micro * pipeline * sends, "efsdp": micro * 3 * blocks, "ep": micro * pipeline * 5 * blocks}
 
 
 def replica_tokens(cfg) -> int:
