@@ -127,8 +127,8 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
     if unit is not None:
         out["strategy_unit_us"] = {unit[0]: unit[1] * 1e6}
         provenance["strategy_unit_us"] = (f"{stamp}): the step of this model's blocks at a few elements a matrix "
-                                          "with the strategy on a fake process group, less it on one rank alone, "
-                                          "per unit (blocks + 1)")
+                                          "with the strategy on a gloo group, less the calls the network model "
+                                          "prices, less it on one rank alone, per unit (blocks + 1)")
     if procs > 1 and device.type == "cpu":
         figures = collective_figures(procs)
         out["collective_gbytes_per_s"] = {k: v / 1e9 for k, v in figures["busbw"].items()}
