@@ -79,6 +79,22 @@ def test_what_experts_cannot_do_is_refused_in_one_line(args, said, tmp_path):
     assert "\n" not in str(refused.value) and not (tmp_path / "x").exists()
 
 
+def test_a_model_of_your_own_says_its_experts_as_an_argument_transformers_names(tmp_path):
+    """model=mine_moe (tests/user: `num_experts: 4`, an argument of its constructor) is laid out with ep before
+    launch, and an ep not dividing it is refused naming the valid ones; a dense model of one's own is told which
+    argument says it (in process)."""
+    from ablate import parallel
+    from ablate.compose import config_of
+    from conftest import USER_DIR
+
+    own = [f"--config-dir={USER_DIR / 'conf'}", "parallel=fsdp2", "launcher.nproc_per_node=4"]
+    assert parallel.layout_of(config_of([*own, "model=mine_moe", "parallel.ep=2"])[1]).ep == 2
+    with pytest.raises(ConfigError, match=re.escape("model.num_experts=4; valid choices: 1, 2, 4")):
+        preflight([*own, "model=mine_moe", "parallel.ep=3", f"hydra.run.dir={tmp_path}/x"])
+    with pytest.raises(ConfigError, match="an argument named num_local_experts or num_experts or n_routed_experts"):
+        preflight([*own, "model=mine", "parallel.ep=2", f"hydra.run.dir={tmp_path}/y"])
+
+
 def test_a_refusal_is_one_line_and_exit_2_and_names_the_models_with_experts(tmp_path):
     """The command a user types (~3 s)."""
     done = run_cli(["model=tiny", "parallel=fsdp2", "parallel.ep=2", "launcher.nproc_per_node=2",

@@ -125,3 +125,50 @@ class FailsAtStep(MLPLM):
             if self.calls == 3:
                 raise RuntimeError("a long error: " + "spec " * 2000)
         return super().forward(tokens)
+
+
+class StackedExperts(nn.Module):
+    """E experts' weights stacked along dim 0, called as transformers' are: experts(hidden, top_k_index,
+    top_k_weights) -> each token's weighted sum over its k experts; `num_experts` says how many it holds."""
+
+    def __init__(self, num_experts, dim, hidden):
+        import torch
+
+        super().__init__()
+        self.num_experts = num_experts
+        self.w_in = nn.Parameter(torch.randn(num_experts, dim, hidden) * dim ** -0.5)
+        self.w_out = nn.Parameter(torch.randn(num_experts, hidden, dim) * hidden ** -0.5)
+
+    def forward(self, hidden, top_k_index, top_k_weights):
+        import torch
+
+        out = torch.zeros_like(hidden)
+        for e in range(self.num_experts):
+            token, slot = torch.where(top_k_index == e)
+            y = torch.relu(hidden[token] @ self.w_in[e]) @ self.w_out[e]
+            out = out.index_add(0, token, y * top_k_weights[token, slot, None])
+        return out
+
+
+class Mixture(nn.Module):
+    """A softmax router's top k of the experts, its weights renormalised (Mixtral's): a mixture by ablate's rule
+    (`top_k`, and `experts` with `num_experts`)."""
+
+    def __init__(self, dim, num_experts, top_k, hidden):
+        super().__init__()
+        self.top_k, self.router = top_k, nn.Linear(dim, num_experts, bias=False)
+        self.experts = StackedExperts(num_experts, dim, hidden)
+
+    def forward(self, x):
+        h = x.reshape(-1, x.shape[-1])
+        weights, index = self.router(h).softmax(-1).topk(self.top_k, dim=-1)
+        return self.experts(h, index, weights / weights.sum(-1, keepdim=True)).view_as(x)
+
+
+class MixtureLM(MLPLM):
+    """MLPLM whose blocks' MLPs are mixtures of experts."""
+
+    def __init__(self, vocab_size=512, dim=64, n_layers=2, num_experts=4, top_k=2):
+        super().__init__(vocab_size, dim, n_layers)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(dim), Mixture(dim, num_experts, top_k, 2 * dim))
+                                    for _ in range(n_layers))

@@ -123,6 +123,13 @@ class UserModelConfig:
         self.splits: Optional[Dict[str, Split]] = decode_plan(self.tp_plan)   # decoded once, checked here
         self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
 
+    @property
+    def experts(self) -> Optional[int]:
+        """Routed experts per mixture: the constructor's argument of a name transformers gives it (EXPERT_KEYS),
+        which ablate reads too, as it reads max_seq_len; None when there is none (a dense model, or one that does
+        not say: parallel.ep > 1 is refused before launch)."""
+        return next((self.args[k] for k in EXPERT_KEYS if isinstance(self.args.get(k), int)), None)
+
     @classmethod
     def from_node(cls, node: Dict[str, Any]) -> "UserModelConfig":
         return cls(target=str(node["_target_"]), name=node.get("name") or "custom",

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ablate.config import AblateConfig, ConfigError, HFModelConfig, ModelConfig, UserModelConfig
 from ablate.config.dims import CARVED, DECLARED, DIMS, FACTORS, label
+from ablate.config.models import EXPERT_KEYS
 
 # the data-sharding ranks that hold the same experts (dp_shard / ep): FSDP shards the experts over them
 EXPERT_SHARD = "efsdp"
@@ -174,17 +175,29 @@ def _with_experts(cfg: AblateConfig, layout: Layout) -> Layout:
         return layout
     experts = model.moe.experts if isinstance(model, ModelConfig) and model.moe else getattr(model, "experts", None)
     if experts is None:
+        own = (f"; a model of your own says its experts per mixture as an argument named {' or '.join(EXPERT_KEYS)}"
+               if isinstance(model, UserModelConfig) else "")
         raise ConfigError(f"parallel.ep={p.ep}: model={model.name} has no experts (a dense model); valid: "
                           "parallel.ep=1, or a mixture of experts (model=moe_tiny, moe_small, mixtral_8x7b, "
-                          "deepseek_moe_16b)")
+                          f"deepseek_moe_16b){own}")
     if p.name not in ("fsdp2", "hsdp"):
         raise ConfigError(f"parallel={p.name} with parallel.ep={p.ep}: the experts are sharded by FSDP2 over the "
                           "data-sharding ranks they are carved from; valid with ep > 1: parallel=fsdp2, hsdp")
     valid = [d for d in divisors(layout.dp_shard) if experts % d == 0]
     if layout.dp_shard % p.ep or experts % p.ep:
         raise ConfigError(f"parallel.ep={p.ep}: must divide the {layout.dp_shard} data-sharding rank(s) (dp_shard) "
-                          f"and model.moe.experts={experts}; valid choices: {', '.join(map(str, valid))}")
+                          f"and {experts_key(model)}={experts}; valid choices: {', '.join(map(str, valid))}")
     return Layout(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, p.ep)
+
+
+def experts_key(model) -> str:
+    """Where a model's experts count is given: the built-in's key, a model of one's own's argument, a transformers
+    config's field."""
+    if isinstance(model, ModelConfig):
+        return "model.moe.experts"
+    if isinstance(model, UserModelConfig):
+        return "model." + next(k for k in EXPERT_KEYS if isinstance(model.args.get(k), int))
+    return "model.config's " + "/".join(EXPERT_KEYS)
 
 
 def build_mesh(layout: Layout, device_type: str):
