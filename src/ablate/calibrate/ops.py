@@ -199,5 +199,4 @@ def per_op_together(cfg, procs: int, threads: int) -> Dict[str, object]:
 
 def micro_batch(cfg) -> int:
     """The sequences of one forward and backward on a rank (a pipeline's micro-batch under pp)."""
-    cut = cfg.parallel.microbatches if cfg.parallel.pp > 1 else 1
-    return max(1, math.floor(cfg.train.batch_size / cut))
+    return max(1, math.floor(cfg.train.batch_size / cfg.parallel.microbatches))

@@ -31,7 +31,7 @@ def shrunk(cfg):
     m, tp = cfg.model, cfg.parallel.tp
     return [f"model.dim={2 * m.n_heads}", f"model.ffn_hidden={4 * tp}", f"model.vocab_size={64 * tp}",
             "model.max_seq_len=8", "train.seq_len=8", "train.grad_accum=1", "train.global_batch_size=null",
-            f"train.batch_size={cfg.parallel.microbatches if cfg.parallel.pp > 1 else 1}"]
+            f"train.batch_size={cfg.parallel.microbatches}"]
 
 
 ALONE = ["parallel=none", "launcher.nproc_per_node=1"]   # one rank, no strategy
@@ -61,6 +61,5 @@ def unit_seconds(argv: List[str], cfg) -> Optional[Tuple[str, float]]:
     own = [a for a in argv if not a.lstrip("+~").startswith(("parallel", "launcher"))]   # its layout's, dropped
     without = here.free_steps(config_of([*own, *shrunk(cfg), *ALONE])[1], 1)[0][1]
     layout = parallel.layout_of(cfg)
-    passes = cfg.parallel.microbatches if layout.pp > 1 else 1   # as predict/machine.py prices it
-    units = passes * (cfg.model.n_layers / layout.pp + 1)
+    units = cfg.parallel.microbatches * (cfg.model.n_layers / layout.pp + 1)   # as predict/machine.py prices it
     return strategy_key(cfg.parallel.name, layout.record()), (with_strategy - without) / units

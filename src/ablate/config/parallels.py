@@ -58,7 +58,8 @@ class ParallelConfig:
 
     @property
     def microbatches(self) -> int:
-        """Micro-batches a pipeline's schedule cuts each batch into (parallel.pp_microbatches, by default pp)."""
+        """Micro-batches a pipeline's schedule cuts each batch into (parallel.pp_microbatches, by default pp; 1
+        without a pipeline, which refuses pp_microbatches): the forward-backwards a batch takes on a rank."""
         return self.pp_microbatches or self.pp
 
     @property

@@ -5,7 +5,9 @@ Counted: every tensor autograd saves inside the context (torch's saved-tensors h
 bytes read when the forward is over, less the weights: a parameter (or FSDP's unsharded copy of one, a leaf that
 wants a gradient) and what a cast or a view of one makes (autocast's low-precision copies of the weights are the
 weights again, not activations). A DTensor counts its local shard. Attributed to a block too (`by_block`), with
-each block's input (`block_inputs`): activation checkpointing keeps those instead of the block's own.
+each block's input (`block_inputs`): activation checkpointing keeps those instead of the block's own. Of a block's,
+what modules each tensor-parallel rank runs whole save (`whole_by_block`: a mixture of experts, whose input is
+gathered under tp) is told apart: the rest is split over tp.
 The low-precision copies of the weights that autocast makes and the matmuls save are not activations, but they are
 held from forward to backward all the same: counted apart (`copies_by_block`, `copies_outside`), for the peak.
 """
@@ -55,8 +57,12 @@ class SavedTensors:
     """`with SavedTensors() as saved: loss = model(x, y)`; then `saved.bytes`, `saved.by_block`, `saved.block_inputs`.
     `blocks`: the model's repeated blocks (model/contract.py), for the per-block figures."""
 
-    def __init__(self, blocks: Optional[List[torch.nn.Module]] = None, vocab: Optional[int] = None):
-        self.blocks, self.vocab = blocks or [], vocab
+    def __init__(self, blocks: Optional[List[torch.nn.Module]] = None, vocab: Optional[int] = None,
+                 whole: Optional[List[torch.nn.Module]] = None):
+        self.blocks, self.vocab, self.whole = blocks or [], vocab, whole or []
+        self._in_whole = 0
+        self._whole_keys: set = set()   # storages saved inside a `whole` module
+        self.whole_by_block: List[int] = []
         self._seen: Dict[int, tuple] = {}       # storage key -> (storage, block index or None)
         self._current: Optional[int] = None
         self._inputs: Dict[int, int] = {}
@@ -79,6 +85,8 @@ class SavedTensors:
         if kind is None:
             storage = _local(t).untyped_storage()
             self._seen.setdefault(storage._cdata, (storage, self._current))
+            if self._in_whole:
+                self._whole_keys.add(storage._cdata)
             if self.vocab and self._current is None and t.dim() and t.shape[-1] == self.vocab:
                 self._by_vocab[storage._cdata] = storage   # logits, the loss's: split by a vocab-parallel loss
         return t
@@ -94,9 +102,18 @@ class SavedTensors:
     def _leave(self, module, args, output):
         self._current = None
 
+    def _whole_in(self, module, args):
+        self._in_whole += 1
+
+    def _whole_out(self, module, args, output):
+        self._in_whole -= 1
+
     def __enter__(self) -> "SavedTensors":
         for i, block in enumerate(self.blocks):
             self._handles += [block.register_forward_pre_hook(self._enter(i)), block.register_forward_hook(self._leave)]
+        for module in self.whole:
+            self._handles += [module.register_forward_pre_hook(self._whole_in),
+                              module.register_forward_hook(self._whole_out)]
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
@@ -105,14 +122,15 @@ class SavedTensors:
         self._hooks.__exit__(*exc)
         for h in self._handles:
             h.remove()
-        per_block = [0] * len(self.blocks)
+        per_block, whole = [0] * len(self.blocks), [0] * len(self.blocks)
         total = 0
-        for storage, block in self._seen.values():   # read now: storages freed during the forward count 0
+        for key, (storage, block) in self._seen.items():   # read now: storages freed during the forward count 0
             n = storage.nbytes()
             total += n
             if block is not None:
                 per_block[block] += n
-        self.bytes, self.by_block = total, per_block
+                whole[block] += n if key in self._whole_keys else 0
+        self.bytes, self.by_block, self.whole_by_block = total, per_block, whole
         self.block_inputs = [self._inputs.get(i, 0) for i in range(len(self.blocks))]
         self.vocab_bytes = sum(storage.nbytes() for storage in self._by_vocab.values())
         self.copies_by_block = [0] * len(self.blocks)
@@ -122,6 +140,7 @@ class SavedTensors:
             else:
                 self.copies_by_block[block] += storage.nbytes()
         self._seen.clear()
+        self._whole_keys.clear()
         self._by_vocab.clear()
         self._copies.clear()
 
@@ -135,6 +154,7 @@ class SavedTensors:
             return [per_block[0], *[per_block[1]] * (n_blocks - 2), per_block[2]]
         out.by_block, out.block_inputs = grown(self.by_block), grown(self.block_inputs)
         out.kept_by_block, out.copies_by_block = grown(self.kept_by_block), grown(self.copies_by_block)
+        out.whole_by_block = grown(self.whole_by_block)
         out.bytes = self.bytes - sum(self.by_block) + sum(out.by_block)
         out.vocab_bytes, out.copies_outside = self.vocab_bytes, self.copies_outside
         return out

@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.config import AblateConfig, ModelConfig
 from ablate.metrics.activations import SavedTensors
+from ablate.metrics.experts import mixtures_of
 from ablate.metrics.flops import COUNTED_REAL, FlopModel
 from ablate.model import build, checkpointing, matmul_params
 from ablate.model.contract import ModelContractError, vocab_size_of
@@ -191,7 +192,7 @@ def _forward(cfg: AblateConfig, device: str, tp: int) -> Tuple:
     one_rank_of(lm.net, cfg.model, tp)
     x = torch.zeros(1, cfg.train.seq_len, dtype=torch.long, device=device)
     vocab = vocab_size_of(lm.net)
-    with autocast, SavedTensors(lm.blocks.modules, vocab) as saved, \
+    with autocast, SavedTensors(lm.blocks.modules, vocab, list(mixtures_of(lm.net))) as saved, \
             checkpointing.KeptBySelective(lm.blocks.modules) as kept:
         lm(x, x)
     saved.kept_by_block = kept.by_block
@@ -206,33 +207,41 @@ def activation_bytes(saved: SavedTensors, cfg: AblateConfig, tp: int) -> float:
     rank already (saved_on_fake's tp). With activation checkpointing, what the blocks keep at their backward peak
     (kept_by_blocks)."""
     tp = tp if isinstance(cfg.model, ModelConfig) else 1
-    blocks = kept_by_blocks(saved, cfg.model.activation_checkpointing)
+    blocks = kept_by_blocks(saved, cfg.model.activation_checkpointing, tp)
     outside = saved.bytes - sum(saved.by_block)
     if tp > 1 and cfg.parallel.vocab_parallel:   # the logits and the loss's tensors: each rank keeps 1/tp of them
         outside -= saved.vocab_bytes * (1 - 1 / tp)
-    return float(cfg.train.batch_size * (outside + blocks / tp))
+    return float(cfg.train.batch_size * (outside + blocks))
 
 
-def kept_by_blocks(saved: SavedTensors, mode) -> float:
+def on_tp_rank(saved: SavedTensors, tp: int) -> List[float]:
+    """What each block saves on one of tp ranks (one sequence): split over tp, but what a module each rank runs
+    whole saves (a mixture of experts: its input gathered, as torchtitan's ETP 1)."""
+    whole = saved.whole_by_block or [0] * len(saved.by_block)
+    return [(x - w) / tp + w for x, w in zip(saved.by_block, whole)]
+
+
+def kept_by_blocks(saved: SavedTensors, mode, tp: int = 1) -> float:
     """The blocks' activations at their peak under model.activation_checkpointing (model/checkpointing.py). Each
     block keeps, from forward to its backward: everything it saves (not checkpointed), its input (checkpointed), or
     its input and the outputs selective checkpointing saves (saved.kept_by_block, measured per op). Backward runs
     the blocks last to first, recomputing a checkpointed block while the blocks before it still hold theirs: the
     peak is the larger of what all keep at the end of forward and, for each checkpointed block, what the blocks
-    before it keep plus its own and its recompute (everything it saves)."""
-    full = saved.by_block
+    before it keep plus its own and its recompute (everything it saves). On one of `tp` ranks (on_tp_rank)."""
+    full = on_tp_rank(saved, tp)
     if not mode:
         return float(sum(full))
-    kept = kept_per_block(saved, mode)
+    kept = kept_per_block(saved, mode, tp)
     recompute = [sum(kept[:i]) + kept[i] + full[i] for i in range(len(full)) if checkpointing.checkpointed(i, mode)]
     return float(max([sum(kept), *recompute]))
 
 
-def kept_per_block(saved: SavedTensors, mode) -> List[float]:
-    """What each block keeps from forward to its backward (one sequence): everything it saves, or, checkpointed, its
-    input and what selective checkpointing saves."""
+def kept_per_block(saved: SavedTensors, mode, tp: int = 1) -> List[float]:
+    """What each block keeps from forward to its backward (one sequence, on one of `tp` ranks): everything it
+    saves, or, checkpointed, its input and what selective checkpointing saves (both split over tp)."""
     extra = saved.kept_by_block if mode == "selective" else [0] * len(saved.by_block)
-    return [saved.block_inputs[i] + extra[i] if checkpointing.checkpointed(i, mode) else saved.by_block[i]
+    full = on_tp_rank(saved, tp)
+    return [(saved.block_inputs[i] + extra[i]) / tp if checkpointing.checkpointed(i, mode) else full[i]
             for i in range(len(saved.by_block))]
 
 

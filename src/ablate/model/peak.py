@@ -33,7 +33,7 @@ from ablate import parallel
 from ablate.config import AblateConfig, ModelConfig
 from ablate.config.schedules import in_flight
 from ablate.model import checkpointing
-from ablate.model.facts import ModelFacts, kept_per_block
+from ablate.model.facts import ModelFacts, kept_per_block, on_tp_rank
 from ablate.parallel.mesh import Layout
 
 # On top of the tensors, on a GPU only: the caching allocator's rounding and cache (week-4 C5: fragmentation 2.1%
@@ -90,8 +90,8 @@ class Walk:
         mode, micro = cfg.model.activation_checkpointing, cfg.train.batch_size // cfg.parallel.microbatches
         b = held if held is not None else cfg.train.batch_size
         self.mode, self.n = mode, len(saved.by_block)
-        self.full = [b * x / tp_div for x in saved.by_block]
-        self.kept = [b * x / tp_div for x in kept_per_block(saved, mode)]
+        self.full = [b * x for x in on_tp_rank(saved, tp_div)]
+        self.kept = [b * x for x in kept_per_block(saved, mode, tp_div)]
         vocab_split = layout.tp if layout.tp > 1 and cfg.parallel.vocab_parallel else 1
         self.vocab_saved = (micro if held is not None else b) * saved.vocab_bytes / vocab_split
         # outside the blocks and the vocabulary: the final norm's (the built-in plan splits it by sequence) and the

@@ -146,7 +146,7 @@ def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks
                                                                                                      comm_bytes,
                                                                                                      n_blocks))
     if n_params:
-        cut = cfg.parallel.microbatches if layout.pp > 1 else 1   # a pipeline runs each micro-batch through
+        cut = cfg.parallel.microbatches   # a pipeline runs each micro-batch through
         step.passes, step.micro_sequences, step.share = t.grad_accum * cut, t.batch_size / cut, 1 / layout.tp
         batch = int(step.micro_sequences) if by_signature and step.micro_sequences.is_integer() else 1
         step.work = recorded_work(cfg, layout.pp, batch)
@@ -172,7 +172,7 @@ def calls_of(cfg, layout, comm_bytes: Dict[str, Optional[float]], n_blocks: int)
     and micro-batch (sequence parallel; a pipeline's micro-batches each pass the stage); a pipeline's sends per
     micro-batch: out of each of its v stages forward, back out of each but the first (the comm model's bytes)."""
     micro, blocks = cfg.train.grad_accum, n_blocks / layout.pp
-    pipeline = cfg.parallel.microbatches if layout.pp > 1 else 1
+    pipeline = cfg.parallel.microbatches
     ddp = cfg.parallel.name in ("ddp", "ddp_sync")
     replicate = math.ceil((comm_bytes.get("dp_replicate") or 0) / DDP_BUCKET_BYTES) if ddp else micro * (blocks + 1)
     # a mixture's, per block and micro-batch: FSDP's unit of the rank's experts (efsdp); ep's three all-to-alls
