@@ -48,6 +48,20 @@ def test_ddps_all_reduce_overlaps_the_backward_and_tp_is_exposed():
     assert p["step_time_s"] == pytest.approx(1.0 + 2.0 - 2 / 3 + 0.005)
 
 
+def test_ddp_calls_once_a_bucket_of_each_reduction_it_makes():
+    """Syncing every micro-step all-reduces each micro-step's gradients (8 calls of the tiny model's one bucket),
+    no_sync the last's (1)."""
+    from ablate import parallel
+    from ablate.compose import config_of
+    from ablate.parallel.comm_model import expected_comm
+    from ablate.predict import calls_of
+
+    for name, calls in (("ddp_sync", 8), ("ddp", 1)):
+        cfg = config_of(["model=tiny", f"parallel={name}", "launcher.nproc_per_node=2", "train.grad_accum=8"])[1]
+        layout = parallel.layout_of(cfg)
+        assert calls_of(cfg, layout, expected_comm(cfg, layout, 10**6), 2)["dp_replicate"] == calls
+
+
 def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     """The per-op model's calibrated terms on fixed figures (no timing): an op timed at its own shapes costs that
     time (plus autograd's per op) where the rank runs it as recorded, its class's rate where not; every

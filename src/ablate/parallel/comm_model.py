@@ -88,11 +88,16 @@ def efsdp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     return fsdp_bytes_per_param(cfg, layout) * mixture_params(cfg, layout.pp)[0] / layout.ep
 
 
+def ddp_reductions(cfg: AblateConfig) -> int:
+    """The gradient all-reductions DDP makes a step: one with no_sync (the last micro-step's), else one per
+    micro-step."""
+    return 1 if cfg.parallel.no_sync and cfg.parallel.name == "ddp" else cfg.train.grad_accum
+
+
 def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
     if layout.dp_shard > 1 or cfg.parallel.name == "hsdp":
         return FP32 * n_params / (layout.tp * layout.dp_shard)
-    reductions = 1 if cfg.parallel.no_sync and cfg.parallel.name == "ddp" else cfg.train.grad_accum
-    return reductions * FP32 * n_params
+    return ddp_reductions(cfg) * FP32 * n_params
 
 
 def tp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:

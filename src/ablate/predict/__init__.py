@@ -35,7 +35,7 @@ from ablate.config.dims import BY_NAME
 from ablate.config.schedules import expected_of
 from ablate.model import build_net
 from ablate.model.facts import flop_model
-from ablate.parallel.comm_model import expected_comm
+from ablate.parallel.comm_model import ddp_reductions, expected_comm
 from ablate.precision import numerics
 from ablate.predict.kernels import work_of
 from ablate.predict.machine import Machine, compute_seconds, of_hardware, of_run
@@ -168,13 +168,16 @@ def recorded_work(cfg, pp: int, batch: int):
 def calls_of(cfg, layout, comm_bytes: Dict[str, Optional[float]], n_blocks: int) -> Dict[str, float]:
     """Collective calls per dim in one step (their latency): FSDP's two gathers (forward, backward) and one
     reduce-scatter per unit (the blocks of a stage and the root) and micro-step; HSDP's all-reduce per unit and
-    micro-step, DDP's per bucket; TP's two all-gathers and two reduce-scatters forward, as many backward, per block
-    and micro-batch (sequence parallel; a pipeline's micro-batches each pass the stage); a pipeline's sends per
-    micro-batch: out of each of its v stages forward, back out of each but the first (the comm model's bytes)."""
+    micro-step, DDP's per bucket of each reduction (every micro-step's, or with no_sync the last's); TP's two
+    all-gathers and two reduce-scatters forward, as many backward, per block and micro-batch (sequence parallel; a
+    pipeline's micro-batches each pass the stage); a pipeline's sends per micro-batch: out of each of its v stages
+    forward, back out of each but the first (the comm model's bytes)."""
     micro, blocks = cfg.train.grad_accum, n_blocks / layout.pp
     pipeline = cfg.parallel.microbatches
     ddp = cfg.parallel.name in ("ddp", "ddp_sync")
-    replicate = math.ceil((comm_bytes.get("dp_replicate") or 0) / DDP_BUCKET_BYTES) if ddp else micro * (blocks + 1)
+    reductions = ddp_reductions(cfg)   # each all-reduces the gradients in buckets
+    replicate = reductions * math.ceil((comm_bytes.get("dp_replicate") or 0) / reductions / DDP_BUCKET_BYTES) if ddp \
+        else micro * (blocks + 1)
     # a mixture's, per block and micro-batch: FSDP's unit of the rank's experts (efsdp); ep's three all-to-alls
     # forward (the counts, the slots out, back) and two backward
     sends = 2 * cfg.parallel.pp_stages_per_rank - 1
