@@ -48,6 +48,20 @@ def test_ddps_all_reduce_overlaps_the_backward_and_tp_is_exposed():
     assert p["step_time_s"] == pytest.approx(1.0 + 2.0 - 2 / 3 + 0.005)
 
 
+def test_a_calls_latency_is_the_probes_after_as_much_compute_as_comes_before_it():
+    """A calibrated file's base latency after 1 and 10 ms of work: the step's compute spread over its calls of the
+    layout's dims (10 calls, 1 s of compute: 100 ms each, held at the last point); none: the file's base."""
+    from dataclasses import replace
+
+    machine = replace(MACHINE, latency={"base": 1e-3}, latency_after=((1e-3, 1e-3), (10e-3, 4e-3)))
+    s = step(strategy="fsdp2", sizes={**ONE, "dp_shard": 2}, comm_bytes={"dp_shard": 0.0},
+             calls={"dp_shard": 10, "tp": 1000})   # tp: not a dim of this layout, its calls not counted
+    assert predict(s, machine)["comm_s"]["dp_shard"] == pytest.approx(10 * 4e-3)
+    s.hw_flops = 100e12 * 0.055   # 55 ms of compute: 5.5 ms before each call, halfway
+    assert predict(s, machine)["comm_s"]["dp_shard"] == pytest.approx(10 * 2.5e-3)
+    assert predict(s, replace(machine, latency_after=()))["comm_s"]["dp_shard"] == pytest.approx(10 * 1e-3)
+
+
 def test_ddp_calls_once_a_bucket_of_each_reduction_it_makes():
     """Syncing every micro-step all-reduces each micro-step's gradients (8 calls of the tiny model's one bucket),
     no_sync the last's (1)."""

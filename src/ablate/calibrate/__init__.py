@@ -87,15 +87,14 @@ def launch_seconds(device) -> float:
 
 def collective_figures(procs: int) -> Dict[str, Dict[str, float]]:
     """{kind: busbw bytes/s} and {base: latency s} from the lockstep probe's least-work segment, `procs` local
-    processes in one group."""
+    processes in one group; and {work s: base latency s} from each of its segments (`after`): a call costs more
+    the longer the compute before it."""
     entry = collectives.table(procs, [procs])[procs]   # cached per host, as the runs' own predictions read it
-    segment = entry["costs"][0]
-    busbw, latencies = {}, []
-    for kind, factor in BUS.items():
-        latency, per_byte = collectives.fit_line(segment[kind])
-        busbw[kind] = factor(procs) / per_byte if per_byte else None
-        latencies.append(latency)
-    return {"busbw": {k: v for k, v in busbw.items() if v}, "latency": {"base": statistics.median(latencies)}}
+    lines = {kind: collectives.fit_line(entry["costs"][0][kind]) for kind in BUS}   # (latency, seconds per byte)
+    busbw = {kind: BUS[kind](procs) / per_byte for kind, (_, per_byte) in lines.items() if per_byte}
+    after = {segment["work_s"]: statistics.median(collectives.fit_line(segment[kind])[0] for kind in BUS)
+             for segment in entry["costs"]}
+    return {"busbw": busbw, "latency": {"base": after[entry["costs"][0]["work_s"]]}, "after": after}
 
 
 def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str, object]:
@@ -134,6 +133,9 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
         out["collective_gbytes_per_s"] = {k: v / 1e9 for k, v in figures["busbw"].items()}
         out["collective_latency_us"] = {"base": figures["latency"]["base"] * 1e6, "hop_nvlink": 0.0,
                                         "hop_network": 0.0}
+        out["collective_latency_after_us"] = {round(w * 1e6, 1): s * 1e6 for w, s in figures["after"].items()}
+        provenance["collective_latency_after_us"] = (f"{stamp}): the lockstep probe's base latency (the median of "
+                                                     "its kinds' lines) after each of its amounts of work (us)")
         provenance["collective_gbytes_per_s"] = (f"{stamp}): the lockstep probe, {procs} gloo processes, a line "
                                                  "fitted per kind (slope: bus bandwidth, intercept: latency)")
         out["overlap"] = overlap_share(max(1, usable_cores() // procs))

@@ -58,7 +58,7 @@ def predict(step: Step, machine: Machine) -> Dict[str, object]:
     if not machine.rate.get(step.column):
         return {"step_time_s": None, "why": f"{machine.name}: no matmul rate for {step.column}"}
     compute, parts = compute_seconds(step, machine)
-    comm = comm_seconds(step, machine)
+    comm = comm_seconds(step, machine, compute)
     share = min(machine.overlap, 1.0)   # compute hides at most what the schedule lets it (a reading above 1 is noise)
     hidden = {d: (s - share * (s - exposed(step, d, s, compute)) if s is not None else None)
               for d, s in comm.items()}

@@ -33,6 +33,7 @@ class Machine:
     overlap: float = 1.0                            # the share of communication concurrent compute hides
     optimizer_tensor_s: float = 0.0                 # the optimizer's step and clipping per parameter tensor
     strategy_unit: Optional[Dict[str, float]] = None   # a strategy's bookkeeping per unit and pass, by strategy_key
+    latency_after: Tuple[Tuple[float, float], ...] = ()   # (seconds of compute before a call, its base latency)
 
     def intra_of(self, kind: str) -> Optional[float]:
         return (self.collective or {}).get(kind) or self.intra_bytes_per_s
@@ -92,7 +93,8 @@ def of_hardware(hw) -> Machine:
     return Machine({**hw.peak_flops, **(measured or {})}, hw.peak_flops, nvlink, hw.network_bytes_per_s, source,
                    hw.name, hw.attention_flops, hw.memory_bytes_per_s, hw.launch_s or 0.0, hw.collective_bytes_per_s,
                    hw.collective_latency_s, hw.op_seconds, hw.autograd_s or 0.0,
-                   1.0 if hw.overlap is None else hw.overlap, hw.optimizer_tensor_s or 0.0, hw.strategy_unit_s)
+                   1.0 if hw.overlap is None else hw.overlap, hw.optimizer_tensor_s or 0.0, hw.strategy_unit_s,
+                   tuple(sorted((float(k) * 1e-6, v) for k, v in (hw.collective_latency_after_s or {}).items())))
 
 
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:

@@ -52,15 +52,30 @@ def link_bytes_per_s(step: Step, dim: str, machine: Machine) -> Optional[float]:
     return min(nics, intra) if intra else nics
 
 
-def latency_s(step: Step, dim: str, machine: Machine) -> float:
+def latency_s(step: Step, dim: str, machine: Machine, between: float = 0.0) -> float:
     """One call's latency: NCCL's ring model, a base plus a hop per ring step, the hop over NVLink or the network
-    (the file's collective_latency_us: base, hop_nvlink, hop_network; none: 0)."""
+    (the file's collective_latency_us: base, hop_nvlink, hop_network; none: 0). Where the file measured the base
+    after several amounts of compute (collective_latency_after_us), the base after `between` seconds of it."""
     lat = machine.latency or {}
     hop = lat.get("hop_network" if crosses_nodes(step, dim) else "hop_nvlink", 0.0)
-    return lat.get("base", 0.0) + STEPS[kind(dim)](step.sizes[dim]) * hop
+    base = along(machine.latency_after, between) if machine.latency_after else lat.get("base", 0.0)
+    return base + STEPS[kind(dim)](step.sizes[dim]) * hop
 
 
-def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
+def along(points, x: float) -> float:
+    """The line through (x, y) `points` (sorted by x) at x, held at the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
+
+
+def comm_seconds(step: Step, machine: Machine, compute: float = 0.0) -> Dict[str, Optional[float]]:
+    """Each dim's seconds of communication in the step; `compute`: the step's, spread evenly between its calls (the
+    compute before each, for a latency that grows with it)."""
+    between = compute / max(1.0, sum(step.calls.get(dim, 0.0) for dim in step.comm_bytes))   # the layout's dims
     out: Dict[str, Optional[float]] = {}
     for dim, nbytes in step.comm_bytes.items():
         link = link_bytes_per_s(step, dim, machine)
@@ -68,7 +83,7 @@ def comm_seconds(step: Step, machine: Machine) -> Dict[str, Optional[float]]:
             out[dim] = None
             continue
         out[dim] = nbytes * BUS_FACTOR[kind(dim)](step.sizes[dim]) / link + \
-            step.calls.get(dim, 0.0) * latency_s(step, dim, machine)
+            step.calls.get(dim, 0.0) * latency_s(step, dim, machine, between)
     return out
 
 
