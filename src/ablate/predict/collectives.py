@@ -31,6 +31,7 @@ from ablate import usable_cores, user_cache_dir
 from ablate.metrics.counting import paused
 from ablate.metrics.host import cpu_model
 from ablate.metrics.peak import forget_host, locked, read_entries, write_entries
+from ablate.predict.network import along
 
 SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)   # bytes: 4 KB to 4 MB, a small model's buckets and blocks
 WORK_N = 128
@@ -173,15 +174,7 @@ def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: 
     """Seconds one collective costs after `segment_s` of compute: each probed segment's figure for its size,
     interpolated linearly between the segments' work (clamped to the shortest and the longest)."""
     segments = tables[group]["costs"]
-    work = [c["work_s"] for c in segments]
-    at = [by_size(c[kind], nbytes) for c in segments]
-    if segment_s <= work[0]:
-        return at[0]
-    for i in range(1, len(work)):
-        if segment_s <= work[i]:
-            f = (segment_s - work[i - 1]) / (work[i] - work[i - 1])
-            return at[i - 1] + f * (at[i] - at[i - 1])
-    return at[-1]
+    return along([(c["work_s"], by_size(c[kind], nbytes)) for c in segments], segment_s)
 
 
 def by_size(points: List[List[float]], nbytes: float) -> float:
