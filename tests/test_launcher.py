@@ -1,8 +1,14 @@
 """launcher=slurm without a cluster: the dry run's script, and the refusal when Slurm is missing (each command's
 main() in process, ~1 s: a dry run trains nothing; the README types one as a process)."""
+import os
 import shutil
+import signal
 import sys
+import threading
 
+from torch.distributed.launcher.api import LaunchConfig
+
+from ablate.launcher.local import run_agent
 from conftest import USER_DIR, main_in_process
 
 
@@ -358,3 +364,20 @@ def test_several_nodes_with_the_local_launcher_are_refused_before_any_rank(tmp_p
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "launcher.nodes=2 with launcher=local: this launcher runs one node" in err
     assert "use launcher=slurm" in err and not (tmp_path / "run").exists()
+
+
+def test_an_agent_stopped_by_a_signal_leaves_no_thread_to_abort_the_exit():
+    """torch's agent, stopped by a signal, keeps its rendezvous open with a daemon keep-alive thread; one in a
+    store call as the interpreter ends aborts it (exit -6 where the user's SIGTERM should give 143). The rank
+    here signals its agent, this process (a real c10d rendezvous and spawned rank; ~5 s)."""
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="signalled", rdzv_backend="c10d",
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        results, stopped_by = run_agent(config, os.kill, os.getpid(), signal.SIGTERM)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)   # the agent's, for its ranks
+    assert results is None and stopped_by == signal.SIGTERM
+    assert [t.name for t in threading.enumerate() if t.name.startswith("RendezvousKeepAlive")] == []

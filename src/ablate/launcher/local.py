@@ -8,6 +8,7 @@ external `torchrun` or `srun` (train/ranks.py reads their variables) each proces
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -16,7 +17,7 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -115,35 +116,57 @@ def spawn_local_ranks(cfg: AblateConfig, run_dir: Path, resolved: Dict, choices:
     _quiet_elastic_logs()
     _quiet_resource_tracker()
     shutil.rmtree(run_dir / train.FAILURES_DIR, ignore_errors=True)   # an earlier attempt's notes say nothing now
+    launcher_env = {**os.environ, signals.LAUNCHER_PID: str(os.getpid())}
     try:
-        launcher_env = {**os.environ, signals.LAUNCHER_PID: str(os.getpid())}
-        results = elastic_launch(config, _rank_entry)(launcher_env, cfg, run_dir, resolved, choices, applied)
-    except SignalException as e:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
+        results, stopped_by = run_agent(config, _rank_entry, launcher_env, cfg, run_dir, resolved, choices,
+                                           applied)
+    except ChildFailedError as e:
+        raise _failure(e, run_dir, n) from None
+    if stopped_by:   # Ctrl-C or SIGTERM here: the agent passed it on and the ranks checkpointed
+        raise RunStopped(signals.stopped(stopped_by, run_dir), exit_code=128 + stopped_by)
+    return results.get(0)
+
+
+def run_agent(config: LaunchConfig, entry, *args) -> Tuple[Optional[Dict], Optional[int]]:
+    """torch's agent runs `entry(*args)` on each rank: their results, or the signal that stopped it.
+
+    Stopped by one, the agent leaves its rendezvous open (to rejoin, were it elastic) and with it a keep-alive
+    thread, a daemon that beats into the store every 5 s until the interpreter ends; one caught in C++ as it
+    ends aborts the process ("terminate called without an active exception": exit -6 for 143). Out of the
+    except block nothing holds the agent: collected, its timer's finalizer stops and joins that thread."""
+    try:
+        return elastic_launch(config, entry)(*args), None
+    except SignalException as e:
         for sig in (signal.SIGINT, signal.SIGTERM):   # a late copy must not interrupt the exit's own clean-up
             signal.signal(sig, signal.SIG_IGN)
-        raise RunStopped(signals.stopped(e.sigval, run_dir), exit_code=128 + e.sigval) from None
-    except ChildFailedError as e:
-        codes = {f.exitcode for f in e.failures.values()}
-        if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
-            raise RunStopped(signals.stopped(max(codes) - 128, run_dir), exit_code=max(codes)) from None
-        notes = run_dir / train.FAILURES_DIR
-        stopped = failures.noted_stop(notes)
-        if stopped:                  # a rank stopped the run on purpose, and said why in one line
-            raise RunStopped(failures.shown(stopped[1], notes / f"stopped-rank{stopped[0]}.txt", cut=False),
-                             exit_code=1) from None
-        (rank, failure), *others = failures.root_cause_first(e.failures)
-        noted = failures.noted_root_cause(notes)
-        silent = failures.silent_ranks(notes, n)
-        if not noted and silent and failures.is_consequence(failures.own_error(failure)):
-            raise RunFailed(f"rank {silent[0]} ended without a word (killed: kill -9, the OOM killer?); rank {rank} "
-                            "stopped too: its peer went away", exit_code=1) from None
-        if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):
-            said = failures.shown(noted[1], notes / f"rank{noted[0]}.txt")
-            raise RunFailed(f"rank {noted[0]} failed: {said} (rank {rank} stopped too: its peer went away)",
-                            exit_code=1) from None
-        also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
-            if others else ""
-        said = failures.shown(failures.own_error(failure), notes / f"rank{rank}.txt")
-        raise RunFailed(f"rank {rank} failed (exit code {failure.exitcode}): {said}{also}",
-                        exit_code=failure.exitcode if failure.exitcode > 0 else 1) from None
-    return results.get(0)
+        stopped_by = e.sigval
+    gc.collect()
+    return None, stopped_by
+
+
+def _failure(e: ChildFailedError, run_dir: Path, n: int) -> Exception:
+    """What a failed rank's exit means: a stop the ranks alone were signalled to, a stop a rank chose (and
+    said why), or a failure with its root cause."""
+    codes = {f.exitcode for f in e.failures.values()}
+    if codes <= STOP_CODES:      # the ranks alone were signalled (kill to their group): they stopped cleanly
+        return RunStopped(signals.stopped(max(codes) - 128, run_dir), exit_code=max(codes))
+    notes = run_dir / train.FAILURES_DIR
+    stopped = failures.noted_stop(notes)
+    if stopped:                  # a rank stopped the run on purpose, and said why in one line
+        return RunStopped(failures.shown(stopped[1], notes / f"stopped-rank{stopped[0]}.txt", cut=False),
+                          exit_code=1)
+    (rank, failure), *others = failures.root_cause_first(e.failures)
+    noted = failures.noted_root_cause(notes)
+    silent = failures.silent_ranks(notes, n)
+    if not noted and silent and failures.is_consequence(failures.own_error(failure)):
+        return RunFailed(f"rank {silent[0]} ended without a word (killed: kill -9, the OOM killer?); rank {rank} "
+                         "stopped too: its peer went away", exit_code=1)
+    if noted and noted[0] != rank and failures.is_consequence(failures.own_error(failure)):
+        said = failures.shown(noted[1], notes / f"rank{noted[0]}.txt")
+        return RunFailed(f"rank {noted[0]} failed: {said} (rank {rank} stopped too: its peer went away)",
+                         exit_code=1)
+    also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r, _ in others)} stopped too)" \
+        if others else ""
+    said = failures.shown(failures.own_error(failure), notes / f"rank{rank}.txt")
+    return RunFailed(f"rank {rank} failed (exit code {failure.exitcode}): {said}{also}",
+                     exit_code=failure.exitcode if failure.exitcode > 0 else 1)
