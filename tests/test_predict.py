@@ -98,6 +98,11 @@ def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     assert parts["matmul"] == pytest.approx(3 * 2 * (0.5 + 1e-4))         # timed, 3 passes
     assert parts["memory"] == pytest.approx(3 * 3 * (1e-3 + 1e-4))        # the launch floor, each pass
     assert parts["optimizer"] == pytest.approx(10 * 1e-2)
+    timed_step = replace(machine, optimizer_seconds={"adamw|10|500": 0.25})   # this very step, timed at its shapes
+    assert predict(replace(as_recorded, optimizer_signature="adamw|10|500"), timed_step)["compute_s_by_class"][
+        "optimizer"] == pytest.approx(0.25)
+    assert predict(replace(as_recorded, optimizer_signature="adamw|10|900"), timed_step)["compute_s_by_class"][
+        "optimizer"] == pytest.approx(10 * 1e-2)                          # another layout's: per tensor
     assert parts["strategy"] == pytest.approx(0.1 * 3 * (4 + 1))
     assert p["exposed_comm_s"]["dp_shard"] == pytest.approx(p["comm_s"]["dp_shard"])   # overlap 0: all of it
     busy = predict(as_recorded, replace(machine, overlap=1.7))   # a noisy reading hides no more than a schedule
@@ -278,6 +283,8 @@ def test_calibrate_writes_a_hardware_file_the_plan_predicts_with(tmp_path, capsy
 
     from ablate import hardware, plan
     from ablate.calibrate import main as calibrate
+    from ablate.calibrate import planned
+    from ablate.compose import config_of
     from ablate.config import ConfigError
 
     threads = torch.get_num_threads()
@@ -290,10 +297,12 @@ def test_calibrate_writes_a_hardware_file_the_plan_predicts_with(tmp_path, capsy
     assert "measured here" in hw.provenance["matmul_tflops"] and hw.launch_s > 0
     assert hw.op_seconds and all(t > 0 for t in hw.op_seconds.values()) and hw.optimizer_tensor_s > 0
     assert hw.autograd_s is not None and "replayed" in hw.provenance["op_us"]
+    assert list(hw.optimizer_seconds) == [planned(config_of(["model=tiny"])[1])[0].optimizer_signature]
     capsys.readouterr()
     plan.main(["--json", "--hardware", str(tmp_path / "here.yaml"), "model=tiny"])
     p = json.loads(capsys.readouterr().out)["predicted"]
     assert p["step_time_s"] > 0 and set(p["compute_s_by_class"]) == {"matmul", "attention", "memory", "optimizer"}
+    assert p["compute_s_by_class"]["optimizer"] == pytest.approx(next(iter(hw.optimizer_seconds.values())))
     bad = tmp_path / "bad.yaml"
     bad.write_text(re.sub(r"launch_us: .*", "launch_us: fast", (tmp_path / "here.yaml").read_text()))
     with pytest.raises(ConfigError, match="launch_us must be a number"):

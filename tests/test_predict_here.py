@@ -173,3 +173,23 @@ def test_two_ranks_probe_gloo_themselves_and_predict_the_collectives_they_then_m
     assert len(p["compute_s_by_rank"]) == 2
     assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["comm_s"]["dp_shard"])
     assert "(the run's)" in read_entries(cache)[collectives.key(2, 2)]["how"] and "(the run's)" in p["probes"]["2"]
+
+
+def test_a_call_past_the_small_sizes_costs_what_the_large_ones_measured_and_calibrate_reads_its_bandwidth_there():
+    """Past the caches a byte costs more: the small sizes' line (1 ms + 1 ns a byte) holds to 4 MB; at 16 and 32 MB
+    the probe's own figures, a line between them, and on past 32 MB with its slope. calibrate's bus bandwidth is
+    the one at the run's mean call (fixed figures, in process)."""
+    from ablate.calibrate import collective_figures
+
+    mb = 1 << 20
+    points = [[n, 1e-3 + n * 1e-9] for n in collectives.SMALL] + [[16 * mb, 0.030], [32 * mb, 0.070]]
+    line_at_4 = 1e-3 + 4 * mb * 1e-9
+    assert collectives.by_size(points, 2 * mb) == pytest.approx(1e-3 + 2 * mb * 1e-9)
+    assert collectives.by_size(points, 10 * mb) == pytest.approx(line_at_4 + (0.030 - line_at_4) / 2)
+    assert collectives.by_size(points, 16 * mb) == pytest.approx(0.030)
+    assert collectives.by_size(points, 40 * mb) == pytest.approx(0.070 + 0.040 / 2)
+    entry = {"costs": [{"work_s": 0.001, **{kind: points for kind in collectives.KINDS}}]}
+    small = collective_figures(entry, 2, 1 * mb)["busbw"]
+    large = collective_figures(entry, 2, 32 * mb)["busbw"]
+    assert small["all_reduce"] == pytest.approx(1.0 / 1e-9)                    # 2(n-1)/n = 1 for two ranks
+    assert large["all_gather"] == pytest.approx(0.5 * 32 * mb / (0.070 - 1e-3))  # (n-1)/n x bytes / (time - latency)

@@ -9,9 +9,9 @@ figure of the step-time model it can (docs/prediction.md, "Calibrate"), and writ
 - memory_gbytes_per_s: a large elementwise add (two reads, one write);
 - launch_us: one op on one-element tensors (a CPU's dispatch; a GPU's, synchronised at the end);
 - collective_gbytes_per_s, collective_latency_us: the lockstep probe (predict/collectives.py) among the local
-  processes a run would have (launcher.nproc_per_node), a line fitted per kind: its slope is nccl-tests' bus
-  bandwidth, its intercept the latency of a call;
-- op_us, autograd_us, optimizer_tensor_us, overlap (calibrate/ops.py): each op of the run's forward and backward
+  processes a run would have (launcher.nproc_per_node), per kind: nccl-tests' bus bandwidth at the run's mean
+  call (the comm model's bytes over its calls), the intercept of the line fitted to small calls the latency;
+- op_us, autograd_us, optimizer_tensor_us, optimizer_us, overlap (calibrate/ops.py): each op of the run's forward and backward
   replayed at its shapes; what autograd adds to an op; the optimizer and clipping per parameter tensor; the share of
   a collective that compute beside it hides;
 - strategy_unit_us (calibrate/strategy.py): the strategy's own bookkeeping per unit, on the model's structure
@@ -28,7 +28,7 @@ import statistics
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import psutil
 import torch
@@ -40,7 +40,10 @@ from ablate.calibrate.strategy import unit_seconds
 from ablate.compose import config_of
 from ablate.config import ConfigError, ModelConfig, exit_code_of
 from ablate.metrics.host import cpu_model
-from ablate.predict import collectives
+from ablate.model.facts import measure
+from ablate.parallel import layout_of
+from ablate.parallel.comm_model import expected_comm
+from ablate.predict import OPTIMIZER_BYTES, collectives, flops_of, step_of
 from ablate.predict.network import BUS_FACTOR
 
 COLUMNS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -85,16 +88,45 @@ def launch_seconds(device) -> float:
     return timed(lambda: [a.add(1.0) for _ in range(100)], device) / 100
 
 
-def collective_figures(procs: int) -> Dict[str, Dict[str, float]]:
-    """{kind: busbw bytes/s} and {base: latency s} from the lockstep probe's least-work segment, `procs` local
-    processes in one group; and {work s: base latency s} from each of its segments (`after`): a call costs more
-    the longer the compute before it."""
-    entry = collectives.table(procs, [procs])[procs]   # cached per host, as the runs' own predictions read it
-    lines = {kind: collectives.fit_line(entry["costs"][0][kind]) for kind in BUS}   # (latency, seconds per byte)
-    busbw = {kind: BUS[kind](procs) / per_byte for kind, (_, per_byte) in lines.items() if per_byte}
+def collective_figures(entry: Dict, procs: int, call_bytes: float) -> Dict[str, Dict[str, float]]:
+    """{kind: busbw bytes/s} at the run's size of call and {base: latency s} from the lockstep probe's (`entry`)
+    least-work segment, `procs` local processes in one group; and {work s: base latency s} from each of its segments
+    (`after`): a call costs more the longer the compute before it. The bus bandwidth is nccl-tests' at that size
+    (bus factor x bytes / the call's time less its latency): past the caches a byte costs more."""
+    least = entry["costs"][0]
+    busbw = {}
+    for kind, factor in BUS.items():
+        latency, per_byte = collectives.fit_line([p for p in least[kind] if p[0] <= collectives.SMALL[-1]])
+        beyond_latency = collectives.by_size(least[kind], call_bytes) - latency
+        if per_byte and beyond_latency > 0:
+            busbw[kind] = factor(procs) * call_bytes / beyond_latency
     after = {segment["work_s"]: statistics.median(collectives.fit_line(segment[kind])[0] for kind in BUS)
              for segment in entry["costs"]}
-    return {"busbw": busbw, "latency": {"base": after[entry["costs"][0]["work_s"]]}, "after": after}
+    return {"busbw": busbw, "latency": {"base": after[least["work_s"]]}, "after": after}
+
+
+def planned(cfg) -> Tuple[object, List[int]]:
+    """The run's step as the plan models it (predict.step_of: its calls, its optimizer's signature) and the sizes of
+    the parameters a rank's optimizer steps: each tensor's share of the rank's elements (FSDP and ZeRO shard every
+    tensor, tp splits the model)."""
+    facts = measure(cfg)
+    layout = layout_of(cfg)
+    n_params = sum(facts.numels)
+    step = step_of(cfg, layout, flops_of(cfg.model, cfg.train.seq_len), expected_comm(cfg, layout, n_params),
+                   facts.blocks.get("count") or 0, n_params, by_signature=True)
+    on_rank = step.optimizer_bytes / OPTIMIZER_BYTES.get(cfg.optim.name, OPTIMIZER_BYTES["adamw"])
+    tensors = round(step.param_tensors) or len(facts.numels)
+    numels = [n * on_rank / n_params for n in facts.numels] if tensors == len(facts.numels) else \
+        [on_rank / tensors] * tensors
+    return step, [max(1, round(n)) for n in numels]
+
+
+def call_bytes(step) -> float:
+    """The run's mean bytes a collective call (the comm model's bytes over its calls, every dim): the size its bus
+    bandwidth is read at."""
+    priced = [(nbytes, step.calls.get(dim, 0.0)) for dim, nbytes in step.comm_bytes.items()
+              if nbytes and step.calls.get(dim)]
+    return sum(b for b, _ in priced) / sum(c for _, c in priced) if priced else float(collectives.SMALL[-1])
 
 
 def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str, object]:
@@ -106,10 +138,12 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
     matmul = {c: matmul_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
     attention = {c: attention_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
     together = procs > 1 and device.type == "cpu"   # timed as the ranks will run them: all at once
+    step, numels = planned(cfg)
+    shard = (step.optimizer_signature, numels)
     out: Dict[str, object] = {
         "matmul_tflops": matmul, "attention_tflops": attention,
         "memory_gbytes_per_s": memory_rate(device) / 1e9, "launch_us": launch_seconds(device) * 1e6,
-        **(per_op_together(cfg, procs, torch.get_num_threads()) if together else per_op(cfg, device))}
+        **(per_op_together(cfg, procs, torch.get_num_threads(), shard) if together else per_op(cfg, device, shard))}
     at_once = f", in {procs} processes at once (the mean)" if together else ""
     provenance = {"matmul_tflops": f"{stamp}): torch.mm {s['tokens']} x {s['dim']} x {s['ffn']}, median",
                   "attention_tflops": f"{stamp}): SDPA causal forward + backward, batch {s['batch']}, {s['heads']} "
@@ -120,6 +154,8 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
                                  f"less one called bare{at_once}",
                   "optimizer_tensor_us": f"{stamp}): the run's optimizer and gradient clipping over 64 "
                                          f"parameters of 16 elements, per parameter{at_once}",
+                  "optimizer_us": f"{stamp}): the run's optimizer step (clipping, step, gradients let go) over a "
+                                  f"rank's {len(numels)} parameters of its own sizes, median{at_once}",
                   "op_us": f"{stamp}): each op of {micro_batch(cfg)} sequence(s)' forward and backward of this "
                            f"model, replayed at its shapes in the step's order, median{at_once}"}
     unit = unit_seconds(argv, cfg) if device.type == "cpu" else None
@@ -129,15 +165,18 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
                                           "with the strategy on a gloo group, less the calls the network model "
                                           "prices, less it on one rank alone, per unit (blocks + 1)")
     if procs > 1 and device.type == "cpu":
-        figures = collective_figures(procs)
+        size = call_bytes(step)
+        probe = collectives.table(procs, [procs])[procs]   # cached per host, as the runs' own predictions read it
+        figures = collective_figures(probe, procs, size)
         out["collective_gbytes_per_s"] = {k: v / 1e9 for k, v in figures["busbw"].items()}
         out["collective_latency_us"] = {"base": figures["latency"]["base"] * 1e6, "hop_nvlink": 0.0,
                                         "hop_network": 0.0}
         out["collective_latency_after_us"] = {round(w * 1e6, 1): s * 1e6 for w, s in figures["after"].items()}
         provenance["collective_latency_after_us"] = (f"{stamp}): the lockstep probe's base latency (the median of "
                                                      "its kinds' lines) after each of its amounts of work (us)")
-        provenance["collective_gbytes_per_s"] = (f"{stamp}): the lockstep probe, {procs} gloo processes, a line "
-                                                 "fitted per kind (slope: bus bandwidth, intercept: latency)")
+        provenance["collective_gbytes_per_s"] = (f"{stamp}): the lockstep probe, {procs} gloo processes, per kind "
+                                                 f"at the run's mean call ({size / 2**20:.2f} MB): bus factor x "
+                                                 "bytes / (its time less the fitted latency)")
         out["overlap"] = overlap_share(max(1, usable_cores() // procs))
         provenance["overlap"] = (f"{stamp}): 2 gloo processes, a 4 MB all-reduce issued asynchronously beside a "
                                  "matmul loop, against the two one after the other (above 1: the host was busy; "

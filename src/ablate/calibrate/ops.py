@@ -7,6 +7,8 @@
   dispatch): a chain of small ops under autograd, forward and backward, per op, less the same op called bare;
 - optimizer_tensor_us: the run's optimizer's step and the gradient clipping, per parameter tensor, over many small
   tensors (their bytes are the memory bandwidth's: this is what each tensor adds beyond them);
+- optimizer_us: the run's optimizer step as a rank runs it (clipping, the step, the gradients let go) over
+  parameters of the rank's own sizes, keyed by its signature (predict.optimizer_signature);
 - overlap: the share of a collective's time that compute running beside it hides here: two processes, each an
   all-reduce issued asynchronously then a matmul loop, against the two run one after the other (gloo runs its
   collectives on the ranks' own cores: a CPU has no idle unit to hide them on).
@@ -22,7 +24,7 @@ import math
 import os
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -131,6 +133,23 @@ def optimizer_tensor_seconds(cfg, device: torch.device, tensors: int = 64) -> fl
     return timed(step, device) / tensors
 
 
+def optimizer_step_seconds(cfg, device: torch.device, numels: List[int]) -> float:
+    """The run's optimizer step as a rank runs it (gradient clipping, the step, the gradients let go) over
+    parameters of the rank's own sizes (its shard of each tensor)."""
+    params = [torch.nn.Parameter(torch.randn(n, device=device)) for n in numels]
+    grads = [torch.randn_like(p) for p in params]
+    optimizer = optim.build(params, cfg.optim)
+
+    def step():
+        for p, g in zip(params, grads):
+            p.grad = g
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return timed(step, device)
+
+
 def _overlap_rank(rank: int, port: int, threads: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
@@ -171,30 +190,33 @@ def overlap_share(threads: int) -> float:
     return (work + comm - both) / min(work, comm)
 
 
-def per_op(cfg, device: torch.device) -> Dict[str, object]:
-    """This process's op_us, autograd_us and optimizer_tensor_us (microseconds)."""
+def per_op(cfg, device: torch.device, shard: Tuple[str, List[int]]) -> Dict[str, object]:
+    """This process's op_us, autograd_us, optimizer_tensor_us and optimizer_us (microseconds); `shard`: the rank's
+    optimizer step's signature and its parameters' sizes."""
     ops = op_seconds(cfg, micro_batch(cfg), device)
     return {"op_us": {k: v * 1e6 for k, v in sorted(ops.items())},
             "autograd_us": autograd_seconds(device) * 1e6,
-            "optimizer_tensor_us": optimizer_tensor_seconds(cfg, device) * 1e6}
+            "optimizer_tensor_us": optimizer_tensor_seconds(cfg, device) * 1e6,
+            "optimizer_us": {shard[0]: optimizer_step_seconds(cfg, device, shard[1]) * 1e6}}
 
 
-def _per_op_rank(rank: int, cfg, threads: int, start, out) -> None:
+def _per_op_rank(rank: int, cfg, threads: int, shard, start, out) -> None:
     torch.set_num_threads(threads)
     records_of(cfg, micro_batch(cfg))   # recorded before the start: the timing runs all at once
     start.wait()
-    out.put(per_op(cfg, torch.device("cpu")))
+    out.put(per_op(cfg, torch.device("cpu"), shard))
 
 
-def per_op_together(cfg, procs: int, threads: int) -> Dict[str, object]:
+def per_op_together(cfg, procs: int, threads: int, shard: Tuple[str, List[int]]) -> Dict[str, object]:
     """per_op in `procs` processes at once (spawned, `threads` each), the mean of each figure over them."""
     context = mp.get_context("spawn")
     out, start = context.SimpleQueue(), context.Barrier(procs)
-    mp.start_processes(_per_op_rank, args=(cfg, threads, start, out), nprocs=procs, start_method="spawn")
+    mp.start_processes(_per_op_rank, args=(cfg, threads, shard, start, out), nprocs=procs, start_method="spawn")
     each = [out.get() for _ in range(procs)]
     common = set.intersection(*(set(e["op_us"]) for e in each))
     return {"op_us": {k: statistics.mean(e["op_us"][k] for e in each) for k in sorted(common)},
-            **{k: statistics.mean(e[k] for e in each) for k in ("autograd_us", "optimizer_tensor_us")}}
+            **{k: statistics.mean(e[k] for e in each) for k in ("autograd_us", "optimizer_tensor_us")},
+            "optimizer_us": {shard[0]: statistics.mean(e["optimizer_us"][shard[0]] for e in each)}}
 
 
 def micro_batch(cfg) -> int:

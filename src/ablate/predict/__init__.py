@@ -153,7 +153,14 @@ def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks
         step.param_tensors = step.work.param_tensors if step.work else 0.0
         on_rank = n_params / (layout.model_ranks * layout.dp_shard)   # FSDP and ZeRO shard it over dp_shard
         step.optimizer_bytes = on_rank * OPTIMIZER_BYTES.get(cfg.optim.name, OPTIMIZER_BYTES["adamw"])
+        step.optimizer_signature = optimizer_signature(cfg.optim.name, step.param_tensors, on_rank)
     return step
+
+
+def optimizer_signature(optimizer: str, tensors: float, elements: float) -> str:
+    """A rank's optimizer step as a calibrated file's optimizer_us keys it: the optimizer, the parameter tensors it
+    steps and their elements on the rank."""
+    return f"{optimizer}|{round(tensors)}|{round(elements)}"
 
 
 def recorded_work(cfg, pp: int, batch: int):

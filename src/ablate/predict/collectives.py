@@ -8,7 +8,8 @@ loop's without it: the transfer, the wait for the slowest peer and the schedulin
 cores, as a rank meets them in a run (a barrier-timed collective alone reads 3-4x cheaper with 2 processes on 2
 cores, and after 10 ms of work twice what it costs after 0.5 ms). Per kind (all-reduce, all-gather,
 reduce-scatter) at SIZES (the full buffer: metrics/comm.py's convention), the median of 3 loops; a collective of
-any size costs the line fitted through them (latency + bytes x seconds per byte). Cached per
+up to 4 MB costs the line fitted through the sizes up to it (latency + bytes x seconds per byte), a larger one the
+line through the larger sizes' own figures (past the caches a byte costs more: 2-3x here at 32 MB). Cached per
 host, CPU, torch, processes, group size and threads (ABLATE_CACHE_DIR, else ~/.cache/ablate, `collectives.json`)
 with when it was measured: the next prediction reuses it; `ablate.sweeps --measure-peak` drops this host's (or
 delete the file) to measure again.
@@ -33,7 +34,10 @@ from ablate.metrics.host import cpu_model
 from ablate.metrics.peak import forget_host, locked, read_entries, write_entries
 from ablate.predict.network import along
 
-SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)   # bytes: 4 KB to 4 MB, a small model's buckets and blocks
+SMALL = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)   # bytes: 4 KB to 4 MB, a small model's buckets and blocks
+LARGE = (1 << 24, 1 << 25)   # 16 and 32 MB: a larger model's calls (model=small's FSDP2 gathers: 40 MB), past L3
+SIZES = SMALL + LARGE
+LARGE_REPS = 3   # loops of a large call (tens of ms each, little noise beside it)
 WORK_N = 128
 # (products of the work between two collectives, loops): ~0.5, ~2.5 and ~10 ms here; a collective's cost grows
 # with the compute before it (the slowest peer's lag: 1 ms after 0.5 ms of work, 2 ms after 2.5 ms or 10 ms, two
@@ -45,7 +49,7 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 def key(procs: int, group: int) -> str:
     threads = max(1, usable_cores() // procs)
     return (f"{socket.gethostname()}|{cpu_model()}|torch={torch.__version__}|procs={procs}|group={group}"
-            f"|threads={threads}")
+            f"|threads={threads}|sizes={SIZES[-1] >> 20}MB")
 
 
 def _loop(call, work, reps: int) -> float:
@@ -91,9 +95,10 @@ def _segment(a, products: int, reps: int, group, group_size: int) -> Dict[str, o
         calls = {"all_reduce": lambda f=full: dist.all_reduce(f, group=group),
                  "all_gather": lambda f=full, p=part: dist.all_gather_single(f, p, group=group),
                  "reduce_scatter": lambda f=full, p=part: dist.reduce_scatter_single(p, f, group=group)}
+        loops = reps if nbytes <= SMALL[-1] else min(reps, LARGE_REPS)
         for kind, call in calls.items():
-            spent = statistics.median(_loop(call, work, reps) for _ in range(3))
-            costs[kind].append([nbytes, max(0.0, spent - base)])
+            spent = statistics.median(_loop(call, work, loops) for _ in range(3)) - base   # (per loop)
+            costs[kind].append([nbytes, max(0.0, spent)])
     return costs
 
 
@@ -178,10 +183,18 @@ def cost(tables: Dict[int, Dict[str, object]], kind: str, nbytes: float, group: 
 
 
 def by_size(points: List[List[float]], nbytes: float) -> float:
-    """latency + bytes x seconds per byte (Hockney's alpha-beta model of a collective), the two fitted by least
-    squares to the probe's sizes: one noisy size moves it little (the probe's figures are not monotone in size)."""
-    latency, per_byte = fit_line(points)
-    return latency + per_byte * nbytes
+    """Up to the largest small size: latency + bytes x seconds per byte (Hockney's alpha-beta model of a
+    collective), the two fitted by least squares to the small sizes (one noisy size moves it little: the probe's
+    figures are not monotone there). Beyond it, the line through the larger sizes' figures, from the fitted line's
+    at the largest small size, and on past the largest with its last piece's slope."""
+    small = [p for p in points if p[0] <= SMALL[-1]]
+    latency, per_byte = fit_line(small or points)
+    large = sorted(p for p in points if p[0] > SMALL[-1])
+    if nbytes <= SMALL[-1] or not large:
+        return latency + per_byte * nbytes
+    curve = [(SMALL[-1], latency + per_byte * SMALL[-1]), *((b, s) for b, s in large)]
+    (x0, y0), (x1, y1) = next(((a, b) for a, b in zip(curve, curve[1:]) if nbytes <= b[0]), curve[-2:])
+    return y0 + (nbytes - x0) / (x1 - x0) * (y1 - y0)
 
 
 def fit_line(points: List[List[float]]) -> Tuple[float, float]:

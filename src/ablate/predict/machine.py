@@ -34,6 +34,7 @@ class Machine:
     optimizer_tensor_s: float = 0.0                 # the optimizer's step and clipping per parameter tensor
     strategy_unit: Optional[Dict[str, float]] = None   # a strategy's bookkeeping per unit and pass, by strategy_key
     latency_after: Tuple[Tuple[float, float], ...] = ()   # (seconds of compute before a call, its base latency)
+    optimizer_seconds: Optional[Dict[str, float]] = None   # a rank's whole optimizer step, timed at its shapes
 
     def intra_of(self, kind: str) -> Optional[float]:
         return (self.collective or {}).get(kind) or self.intra_bytes_per_s
@@ -72,7 +73,9 @@ def compute_seconds(step: Step, machine: Machine) -> Tuple[float, Dict[str, floa
 
     by_class = step.work.cost_by_class(seconds_of, step.passes, step.micro_sequences, step.share)
     parts = {kind: by_class.get(kind, 0.0) for kind in CLASSES}
-    parts["optimizer"] = step.optimizer_bytes / bandwidth + step.param_tensors * machine.optimizer_tensor_s
+    timed_step = (machine.optimizer_seconds or {}).get(step.optimizer_signature)   # this very step, timed here
+    parts["optimizer"] = timed_step if timed_step is not None else \
+        step.optimizer_bytes / bandwidth + step.param_tensors * machine.optimizer_tensor_s
     unit = (machine.strategy_unit or {}).get(strategy_key(step.strategy, step.sizes))
     if unit is not None:   # FSDP's copies and hooks, DTensor's rules: per unit (the stage's blocks and the root)
         parts["strategy"] = unit * step.passes * (step.n_blocks / step.sizes.get("pp", 1) + 1)
@@ -94,7 +97,8 @@ def of_hardware(hw) -> Machine:
                    hw.name, hw.attention_flops, hw.memory_bytes_per_s, hw.launch_s or 0.0, hw.collective_bytes_per_s,
                    hw.collective_latency_s, hw.op_seconds, hw.autograd_s or 0.0,
                    1.0 if hw.overlap is None else hw.overlap, hw.optimizer_tensor_s or 0.0, hw.strategy_unit_s,
-                   tuple(sorted((float(k) * 1e-6, v) for k, v in (hw.collective_latency_after_s or {}).items())))
+                   tuple(sorted((float(k) * 1e-6, v) for k, v in (hw.collective_latency_after_s or {}).items())),
+                   hw.optimizer_seconds)
 
 
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:

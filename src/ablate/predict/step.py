@@ -33,4 +33,5 @@ class Step:
     share: float = 1.0
     optimizer_bytes: float = 0.0
     param_tensors: float = 0.0        # the parameter tensors a rank's optimizer steps (a pipeline stage's share)
+    optimizer_signature: str = ""     # what a calibrated file's optimizer_us is keyed by (predict.optimizer_signature)
     calls: Dict[str, float] = field(default_factory=dict)
