@@ -7,14 +7,19 @@ by measured step where the measured ranges do not overlap. Runs whose machine wa
 calibration at start or end (summary.json's `machine_speed.off`) are named, and the MAPE is given again with each
 prediction scaled by the machine's speed then (the calibration's GEMM probe, timed beside the prediction) over its
 speed in each run (the mean of the run's start and end probes): a machine that slows between the prediction and
-the run is not the model's error. Each run's own prediction (summary.json's `predicted`, made by the run before
-its first step) is set beside it, with its MAPE.
+the run is not the model's error. Each repeat predicts each configuration just before its run (with --per-op,
+calibrated then too), and its prediction is the median of its repeats': a machine whose speed wanders meets the
+prediction and the runs alike. Each run's own prediction (summary.json's `predicted`, made by the run before its
+first step) is set beside it, with its MAPE.
 
 The configurations: the layouts sweep's three arms (4 ranks, global batch 16), the matrix / C3 arms (ddp and
 ddp_sync, fp32 and bf16, 2 ranks, grad_accum 8 x batch 4), C4's model (dim 256, 4 layers, seq 128) in fp32 and
-bf16 on one rank, the default run, a larger batch, FSDP2 on 2 ranks.
+bf16 on one rank, the default run, a larger batch, FSDP2 on 2 ranks; #68's pipeline, ZeRO-2 and large-collective
+arms.
 
-    .venv/bin/python bench/predict_here.py [--repeats 3] [--only NAME ...] [--out DIR]
+    .venv/bin/python bench/predict_here.py [--repeats 3] [--per-op] [--only NAME ...] [--out DIR] [--report]
+
+Each run is added to DIR/results.jsonl as it ends: `--report --out DIR` reports a bench stopped part-way.
 """
 from __future__ import annotations
 
@@ -113,17 +118,40 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--per-op", action="store_true", help="also the per-op model on a hardware file calibrated for "
                                                            "each configuration (python -m ablate.calibrate)")
+    ap.add_argument("--report", action="store_true", help="report what --out's results.jsonl holds, running nothing")
     args = ap.parse_args()
     configs = {k: v for k, v in CONFIGS.items() if not args.only or k in args.only}
     out = Path(args.out or tempfile.mkdtemp(prefix="predict_here_"))
     out.mkdir(parents=True, exist_ok=True)
-    predictions = {name: predicted(o, out / f"calibrated-{i:02d}.yaml" if args.per_op else None)
-                   for i, (name, (_, o)) in enumerate(configs.items())}
-    measured = {name: [] for name in configs}
-    for r in range(args.repeats):
-        for i, (name, (_, o)) in enumerate(configs.items()):
-            measured[name].append(run(o, out / f"{i:02d}-r{r}"))
-    report(configs, predictions, measured, args.repeats, out)
+    if args.report:
+        return report(configs, *read_back(out, configs), out)
+    with (out / "results.jsonl").open("a") as log:
+        for r in range(args.repeats):
+            for i, (name, (_, o)) in enumerate(configs.items()):
+                calibrated = out / f"calibrated-{i:02d}-r{r}.yaml" if args.per_op else None
+                row = {"name": name, "repeat": r, "predicted": predicted(o, calibrated),
+                       "measured": run(o, out / f"{i:02d}-r{r}")}
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+    report(configs, *read_back(out, configs), out)
+
+
+def read_back(out: Path, configs) -> tuple:
+    """Each configuration's predictions (the median over its repeats: each calibrated and predicted just before
+    its run, so that a machine whose speed wanders is met alike by both) and measured runs, from results.jsonl (a
+    bench stopped part-way reports the repeats it finished)."""
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    predictions, measured = {}, {}
+    for name in configs:
+        mine = [row for row in rows if row["name"] == name]
+        if not mine:
+            continue
+        measured[name] = [row["measured"] for row in mine]
+        preds = [row["predicted"] for row in mine]
+        predictions[name] = {key: (statistics.median(p[key] for p in preds) if all(p[key] for p in preds) else None)
+                             for key in ("step_time_s", "speed", "per_op")}
+    repeats = min(len(m) for m in measured.values()) if measured else 0
+    return predictions, measured, repeats
 
 
 def error_text(p, median: float) -> str:
