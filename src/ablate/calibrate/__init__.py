@@ -11,9 +11,9 @@ figure of the step-time model it can (docs/prediction.md, "Calibrate"), and writ
 - collective_gbytes_per_s, collective_latency_us: the lockstep probe (predict/collectives.py) among the local
   processes a run would have (launcher.nproc_per_node), per kind: nccl-tests' bus bandwidth at the run's mean
   call (the comm model's bytes over its calls), the intercept of the line fitted to small calls the latency;
-- op_us, autograd_us, optimizer_tensor_us, optimizer_us, overlap (calibrate/ops.py): each op of the run's forward and backward
-  replayed at its shapes; what autograd adds to an op; the optimizer and clipping per parameter tensor; the share of
-  a collective that compute beside it hides;
+- op_us, autograd_us, optimizer_tensor_us, optimizer_us, overlap (calibrate/ops.py): each op of the run's forward
+  and backward replayed at its shapes; what autograd adds to an op; the optimizer and clipping per parameter
+  tensor; the run's optimizer step at the rank's sizes; the share of a collective that compute beside it hides;
 - strategy_unit_us (calibrate/strategy.py): the strategy's own bookkeeping per unit, on the model's structure
   shrunk to nothing;
 - peak_tflops: the measured matmul rates (on a CPU there is no datasheet: MFU against what this machine does).
