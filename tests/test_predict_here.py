@@ -191,5 +191,6 @@ def test_a_call_past_the_small_sizes_costs_what_the_large_ones_measured_and_cali
     entry = {"costs": [{"work_s": 0.001, **{kind: points for kind in collectives.KINDS}}]}
     small = collective_figures(entry, 2, 1 * mb)["busbw"]
     large = collective_figures(entry, 2, 32 * mb)["busbw"]
+    assert collective_figures(entry, 2, 32 * mb)["latency"]["base"] == pytest.approx(1e-3)   # the small sizes' line
     assert small["all_reduce"] == pytest.approx(1.0 / 1e-9)                    # 2(n-1)/n = 1 for two ranks
     assert large["all_gather"] == pytest.approx(0.5 * 32 * mb / (0.070 - 1e-3))  # (n-1)/n x bytes / (time - latency)

@@ -96,11 +96,11 @@ def collective_figures(entry: Dict, procs: int, call_bytes: float) -> Dict[str, 
     least = entry["costs"][0]
     busbw = {}
     for kind, factor in BUS.items():
-        latency, per_byte = collectives.fit_line([p for p in least[kind] if p[0] <= collectives.SMALL[-1]])
+        latency, per_byte = collectives.small_line(least[kind])
         beyond_latency = collectives.by_size(least[kind], call_bytes) - latency
         if per_byte and beyond_latency > 0:
             busbw[kind] = factor(procs) * call_bytes / beyond_latency
-    after = {segment["work_s"]: statistics.median(collectives.fit_line(segment[kind])[0] for kind in BUS)
+    after = {segment["work_s"]: statistics.median(collectives.small_line(segment[kind])[0] for kind in BUS)
              for segment in entry["costs"]}
     return {"busbw": busbw, "latency": {"base": after[least["work_s"]]}, "after": after}
 

@@ -187,14 +187,19 @@ def by_size(points: List[List[float]], nbytes: float) -> float:
     collective), the two fitted by least squares to the small sizes (one noisy size moves it little: the probe's
     figures are not monotone there). Beyond it, the line through the larger sizes' figures, from the fitted line's
     at the largest small size, and on past the largest with its last piece's slope."""
-    small = [p for p in points if p[0] <= SMALL[-1]]
-    latency, per_byte = fit_line(small or points)
+    latency, per_byte = small_line(points)
     large = sorted(p for p in points if p[0] > SMALL[-1])
     if nbytes <= SMALL[-1] or not large:
         return latency + per_byte * nbytes
     curve = [(SMALL[-1], latency + per_byte * SMALL[-1]), *((b, s) for b, s in large)]
     (x0, y0), (x1, y1) = next(((a, b) for a, b in zip(curve, curve[1:]) if nbytes <= b[0]), curve[-2:])
     return y0 + (nbytes - x0) / (x1 - x0) * (y1 - y0)
+
+
+def small_line(points: List[List[float]]) -> Tuple[float, float]:
+    """(latency s, seconds per byte) of the line fitted to the probe's small sizes (all of them, for a probe that
+    has no small one): a call's latency, and its cost up to 4 MB."""
+    return fit_line([p for p in points if p[0] <= SMALL[-1]] or points)
 
 
 def fit_line(points: List[List[float]]) -> Tuple[float, float]:
