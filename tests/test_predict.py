@@ -48,6 +48,21 @@ def test_ddps_all_reduce_overlaps_the_backward_and_tp_is_exposed():
     assert p["step_time_s"] == pytest.approx(1.0 + 2.0 - 2 / 3 + 0.005)
 
 
+def test_the_last_bucket_of_each_reduction_is_exposed():
+    """DDP's buckets all-reduce as the backward runs, but the last of each reduction is issued as its backward ends:
+    one bucket a reduction (2 of 8 calls here) is exposed however long the compute; all of it where a reduction is
+    one bucket."""
+    sizes = {**ONE, "dp_replicate": 2}
+    s = step(strategy="ddp", sizes=sizes, nproc_per_node=2, comm_bytes={"dp_replicate": 20e9},
+             calls={"dp_replicate": 8}, reductions=2)
+    seconds = 20e9 * 1.0 / 100e9   # within the node, bus factor 1: 0.2 s, shorter than the backward
+    p = predict(s, MACHINE)
+    assert p["comm_s"]["dp_replicate"] == pytest.approx(seconds)
+    assert p["exposed_comm_s"]["dp_replicate"] == pytest.approx(seconds * 2 / 8)
+    s.calls = {"dp_replicate": 2}
+    assert predict(s, MACHINE)["exposed_comm_s"]["dp_replicate"] == pytest.approx(seconds)
+
+
 def test_a_calls_latency_is_the_probes_after_as_much_compute_as_comes_before_it():
     """A calibrated file's base latency after 1 and 10 ms of work: the step's compute spread over its calls of the
     layout's dims (10 calls, 1 s of compute: 100 ms each, held at the last point); none: the file's base."""
@@ -323,7 +338,8 @@ def test_calibrate_replays_an_op_at_its_strides_and_shrinks_a_layout_to_its_stru
     expanded = materialized(TensorSpec((4, 3), (0, 1), torch.bfloat16), torch.device("cpu"))
     assert expanded.shape == (4, 3) and expanded.stride() == (0, 1) and expanded.dtype == torch.bfloat16
     assert str(TensorSpec((4, 3), (0, 1), torch.bfloat16)) == "bfloat16[4, 3]s[0, 1]"
-    argv = ["model=small", "parallel=fsdp2", "parallel.tp=2", "launcher.nproc_per_node=4"]
+    argv = ["model=small", "parallel=fsdp2", "parallel.tp=2", "launcher.nproc_per_node=4", "train.grad_accum=4"]
     small = config_of([*argv, *shrunk(config_of(argv)[1])])[1]
     assert (small.model.n_layers, small.model.n_heads, small.parallel.tp) == (12, 12, 2)
     assert small.model.dim == 24 and small.train.seq_len == 8 and small.train.batch_size == 1
+    assert small.train.grad_accum == 4   # as many micro-steps as the run: DDP's reductions as often

@@ -145,6 +145,7 @@ def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks
                 numerics(cfg.precision.name).peak_column, expected_of(cfg.parallel), calls=calls_of(cfg, layout,
                                                                                                      comm_bytes,
                                                                                                      n_blocks))
+    step.reductions = ddp_reductions(cfg)   # (every micro-step's but under DDP's no_sync)
     if n_params:
         cut = cfg.parallel.microbatches   # a pipeline runs each micro-batch through
         step.passes, step.micro_sequences, step.share = t.grad_accum * cut, t.batch_size / cut, 1 / layout.tp

@@ -94,7 +94,8 @@ def exposed(step: Step, dim: str, seconds: float, compute: float) -> float:
         hidden_by = "backward"
     if hidden_by == "none":
         return seconds
-    if hidden_by == "backward":
-        return max(0.0, seconds - BACKWARD_SHARE * compute)
+    if hidden_by == "backward":   # as the backward runs, but for the last call of each reduction (its last bucket)
+        last = seconds * min(1.0, step.reductions / step.calls[dim]) if step.calls.get(dim) else 0.0
+        return min(seconds, max(0.0, seconds - BACKWARD_SHARE * compute) + last)
     unit = seconds / (step.n_blocks + 1)   # the first gather and the last reduce-scatter: one unit's
     return min(seconds, max(0.0, seconds - compute) + unit)

@@ -15,7 +15,7 @@ class Step:
     """Hardware and model FLOPs of a device, bytes per mesh dim (None: not modelled), the global tokens, the blocks
     (FSDP's units), the layout's shape and the compute dtype's column; for the per-op compute model, a forward and
     backward's ops (`work`), how many a rank runs and of how many sequences, its share of each op (1/tp), the bytes
-    its optimizer step reads and writes; the collective calls per dim (their latency)."""
+    its optimizer step reads and writes; the collective calls per dim (their latency) and the reductions."""
     hw_flops: float
     model_flops: float
     comm_bytes: Dict[str, Optional[float]]
@@ -35,3 +35,6 @@ class Step:
     param_tensors: float = 0.0        # the parameter tensors a rank's optimizer steps (a pipeline stage's share)
     optimizer_signature: str = ""     # what a calibrated file's optimizer_us is keyed by (predict.optimizer_signature)
     calls: Dict[str, float] = field(default_factory=dict)
+    # the backwards whose gradients a dim hidden by the backward reduces (DDP's reductions, HSDP's micro-steps): the
+    # last call of each is issued as its backward ends, with nothing left to hide it
+    reductions: float = 1.0
