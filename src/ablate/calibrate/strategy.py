@@ -27,11 +27,13 @@ from ablate.train.ranks import local_rank_is
 
 def shrunk(cfg):
     """Overrides putting the run on its model's structure at a few elements a matrix: its blocks, heads and
-    checkpointing kept; one micro-step of one sequence of 8 tokens (a pipeline's: one a micro-batch)."""
+    checkpointing kept; its micro-steps, each of one sequence of 8 tokens (a pipeline's: one a micro-batch), so
+    that what a strategy does once a step or every micro-step (DDP's reduction with or without no_sync) is done as
+    often as in the run."""
     m, tp = cfg.model, cfg.parallel.tp
     return [f"model.dim={2 * m.n_heads}", f"model.ffn_hidden={4 * tp}", f"model.vocab_size={64 * tp}",
-            "model.max_seq_len=8", "train.seq_len=8", "train.grad_accum=1", "train.global_batch_size=null",
-            f"train.batch_size={cfg.parallel.microbatches}"]
+            "model.max_seq_len=8", "train.seq_len=8", f"train.grad_accum={cfg.train.grad_accum}",
+            "train.global_batch_size=null", f"train.batch_size={cfg.parallel.microbatches}"]
 
 
 ALONE = ["parallel=none", "launcher.nproc_per_node=1"]   # one rank, no strategy
@@ -61,5 +63,5 @@ def unit_seconds(argv: List[str], cfg) -> Optional[Tuple[str, float]]:
     own = [a for a in argv if not a.lstrip("+~").startswith(("parallel", "launcher"))]   # its layout's, dropped
     without = here.free_steps(config_of([*own, *shrunk(cfg), *ALONE])[1], 1)[0][1]
     layout = parallel.layout_of(cfg)
-    units = cfg.parallel.microbatches * (cfg.model.n_layers / layout.pp + 1)   # as predict/machine.py prices it
+    units = cfg.train.grad_accum * cfg.parallel.microbatches * (cfg.model.n_layers / layout.pp + 1)   # as priced
     return strategy_key(cfg.parallel.name, layout.record()), (with_strategy - without) / units
