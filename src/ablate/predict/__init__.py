@@ -16,9 +16,10 @@ Per optimizer step and rank:
   node; across nodes one NIC per rank of the group on a node), plus NCCL's latency per call;
 - what of it is exposed, as each strategy schedules it: FSDP2/HSDP/ZeRO's gathers and reduce-scatters run a block
   ahead, behind the compute, all but the first gather and the last reduce-scatter (one unit's of the blocks + the
-  root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute); tensor
-  parallelism's collectives and the pipeline's sends sit on the critical path, all exposed; of what a schedule
-  would hide, the machine hides its `overlap` share (a calibrated CPU's gloo runs on the ranks' own cores).
+  root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute), all but
+  the last call of each reduction (issued as its backward ends); tensor parallelism's collectives and the
+  pipeline's sends sit on the critical path, all exposed; of what a schedule would hide, the machine hides its
+  `overlap` share (a calibrated CPU's gloo runs on the ranks' own cores).
 step = (compute + critical-path communication) (/ (1 - bubble)) + the rest of the exposed communication. Left
 out: data wait, torch.compile's fusion, the interference of communication with the compute it overlaps on a GPU.
 Pure arithmetic on the figures given: the plan (`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's
