@@ -91,6 +91,35 @@ def test_ddp_calls_once_a_bucket_of_each_reduction_it_makes():
         assert calls_of(cfg, layout, expected_comm(cfg, layout, 10**6), 2)["dp_replicate"] == calls
 
 
+def test_zero_all_reduces_the_gradients_and_all_gathers_the_partitions():
+    """ZeRO-1/2's dp_shard as DeepSpeed's stage_1_and_2.py moves it (counted on gloo, tiny, 2 ranks: 1,051,144 B a
+    step in 5 calls, ZeRO-2 with grad_accum 2 1,576,712 in 6): each reduction all-reduces the gradient (ZeRO-2's
+    every micro-step, ZeRO-1's once), the updated partitions are all-gathered once; each kind priced at its bus
+    factor and hidden as DeepSpeed schedules it (the all-reduce's last bucket of each reduction exposed, the
+    all-gather all of it). ZeRO-3: not modelled. In process, <1 s."""
+    from ablate import parallel
+    from ablate.compose import config_of
+    from ablate.parallel.comm_model import expected_comm
+    from ablate.predict import calls_of, zero_split
+
+    n = 131392   # the tiny model's parameters
+    for name, accum, per_param, calls in (("zero2", 1, 8, 5), ("zero2", 2, 12, 6), ("zero1", 2, 8, 5),
+                                          ("zero3", 1, None, None)):
+        cfg = config_of(["model=tiny", f"parallel={name}", "launcher.nproc_per_node=2", f"train.grad_accum={accum}"])[1]
+        layout = parallel.layout_of(cfg)
+        comm = expected_comm(cfg, layout, n)
+        assert comm["dp_shard"] == (per_param * n if per_param else None), (name, accum)
+        if per_param:
+            assert calls_of(cfg, layout, comm, 2)["dp_shard"] == calls
+            assert zero_split(cfg, comm)["dp_shard"]["all_gather"] == (pytest.approx(4 / per_param), 2)
+    s = step(strategy="zero2", sizes={**ONE, "dp_shard": 2}, nproc_per_node=2, comm_bytes={"dp_shard": 30e9},
+             calls={"dp_shard": 6}, reductions=2, traffic={"dp_shard": {"all_reduce": (2 / 3, 4),
+                                                                         "all_gather": (1 / 3, 2)}})
+    p = predict(s, MACHINE)   # 100 GB/s a kind within the node; 2 ranks: the all-reduce's bus factor 1, others 1/2
+    assert p["comm_s"]["dp_shard"] == pytest.approx(20e9 / 100e9 + 10e9 / 2 / 100e9)
+    assert p["exposed_comm_s"]["dp_shard"] == pytest.approx(0.2 * 2 / 4 + 0.05)   # 1 s of compute hides the rest
+
+
 def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     """The per-op model's calibrated terms on fixed figures (no timing): an op timed at its own shapes costs that
     time (plus autograd's per op) where the rank runs it as recorded, its class's rate where not; every

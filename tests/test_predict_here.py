@@ -14,8 +14,9 @@ from ablate import parallel
 from ablate.compose import validate
 from ablate.metrics.peak import locked, read_entries, write_entries
 from ablate.model import build
+from ablate.model.facts import measure
 from ablate.parallel.comm_model import expected_comm
-from ablate.predict import collectives, here
+from ablate.predict import calls_of, collectives, here
 from conftest import compose_cfg, launch_in_process, main_in_process
 
 # each kind's figures on a line: latency 1 ms + 1 ms per MB after the short work, 3 ms + 2 ms per MB after the long
@@ -87,6 +88,8 @@ def test_a_ranks_free_step_makes_the_collectives_the_comm_model_counts(overrides
     n_params = sum(p.numel() for p in build(cfg.model, "meta").parameters())
     modeled = expected_comm(cfg, parallel.layout_of(cfg), n_params)[dim]
     assert sum(c.nbytes for c in calls if c.nbytes > 1024) == pytest.approx(modeled, rel=1e-3)   # (the norm's: less)
+    blocks = measure(cfg).blocks["count"]   # and as many calls as the network model prices the latency of
+    assert len(calls) == calls_of(cfg, parallel.layout_of(cfg), {dim: modeled}, blocks)[dim]
 
 
 def test_a_sweeps_arms_are_predicted_before_they_run_and_reported_beside_their_steps(tmp_path):

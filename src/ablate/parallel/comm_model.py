@@ -14,7 +14,7 @@ metrics/comm.py counts them: the full buffer of each collective (an all-gather's
   the head's input all-gathered (float32), each b x s x dim, mirrored in backward (bf16, tiny, tp 2: 2,104,576 B
   modelled, 2,105,940 counted); the loss, vocab-parallel, all-reduces three values per token (b x s x 3;
   parallel.loss_parallel=false: the logits gathered whole, b x s x vocab); the norms' weight gradients (2 per block
-  + the final one, dim each) are all-reduced. The gradient norm's few scalar all-reduces are left out.
+  + the final one, dim each) are all-reduced once a step. The gradient norm's few scalar all-reduces are left out.
 - pp (the built-in Llama): rank 0's sends. Each micro-batch's hidden state (b / m x s x dim, float32: the residual
   stream; / tp, cut along the sequence under TP) leaves each of its v stages forward, and its gradient goes back
   from each stage but the first: m x (2v - 1) x that, plus the gradient norm's one value summed over the stages.
@@ -22,14 +22,22 @@ Under a pipeline every dim is rank 0's: its share of the parameters (the embeddi
 gathers once per micro-batch's forward and once for the backward (m + 1; torch's PipelineStage keeps them through
 the backward), TP's traffic of its blocks and the embedding (pp2 x fsdp2, tiny with 4 layers: dp_shard 2,758,656
 modelled, 2,758,732 counted; pp2 x tp2: tp 2,360,320 modelled, 2,361,420 counted). A model not built in: None.
-ZeRO's own bucketing is not modelled (None).
+- dp_shard under ZeRO-1/2 (DeepSpeed's stage_1_and_2.py, its default use_multi_rank_bucket_allreduce): each
+  reduction all-reduces the whole gradient in reduce_bucket_size buckets, W N (ZeRO-2: every micro-step; ZeRO-1:
+  the last), and after the optimizer step each parameter group's updated partitions are all-gathered, W N; W the
+  engine's working bytes (4: the fp32 engine under fp32 and bf16; 2: DeepSpeed's fp16 mode). Tiny, 2 or 4 ranks,
+  fp32 or bf16: 1,051,136 modelled, 1,051,144 counted (ZeRO-2 with grad_accum 2: 1,576,704 and 1,576,712); the
+  gradient norm's and the overflow check's two scalar all-reduces are left out. ZeRO-3 (gathers per module,
+  prefetched by bucket sizes): not modelled (None).
 """
 from __future__ import annotations
 
 from typing import Dict, Optional
 
 from ablate.config import AblateConfig, ModelConfig
+from ablate.parallel import choice
 from ablate.parallel.mesh import Layout
+from ablate.precision import numerics
 
 FP32 = 4
 
@@ -60,15 +68,19 @@ def mixture_params(cfg: AblateConfig, pp: int = 1):
     return layers * m.moe.experts * expert, layers * (m.dim * m.moe.experts + m.moe.shared_experts * expert)
 
 
-def fsdp_bytes_per_param(cfg: AblateConfig, layout: Layout) -> float:
-    """FSDP's gathers (forward, and backward after a reshard; a pipeline's every micro-batch) and one reduce-scatter
-    per step, per parameter a rank holds."""
+def fsdp_gathers(cfg: AblateConfig, layout: Layout) -> int:
+    """How often a step all-gathers each of FSDP's units: forward, and backward after a reshard, every micro-step;
+    under a pipeline each micro-batch's forward, the backward keeping them (torch's PipelineStage)."""
     p = cfg.parallel
-    if layout.pp > 1:   # each micro-batch's forward gathers again; the backward keeps them (torch's PipelineStage)
-        gathers = p.microbatches + 1 if p.reshard_after_forward else 1
-    else:
-        gathers = 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
-    return gathers * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]
+    if layout.pp > 1:
+        return p.microbatches + 1 if p.reshard_after_forward else 1
+    return 2 * cfg.train.grad_accum if p.reshard_after_forward else cfg.train.grad_accum
+
+
+def fsdp_bytes_per_param(cfg: AblateConfig, layout: Layout) -> float:
+    """FSDP's gathers (fsdp_gathers) and one reduce-scatter per step, per parameter a rank holds."""
+    p = cfg.parallel
+    return fsdp_gathers(cfg, layout) * BYTES[p.param_dtype] + BYTES[p.reduce_dtype]
 
 
 def dp_shard_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
@@ -88,16 +100,33 @@ def efsdp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     return fsdp_bytes_per_param(cfg, layout) * mixture_params(cfg, layout.pp)[0] / layout.ep
 
 
-def ddp_reductions(cfg: AblateConfig) -> int:
-    """The gradient all-reductions DDP makes a step: one with no_sync (the last micro-step's), else one per
-    micro-step."""
-    return 1 if cfg.parallel.no_sync and cfg.parallel.name == "ddp" else cfg.train.grad_accum
+def reductions(cfg: AblateConfig) -> int:
+    """The gradient reductions a step makes: FSDP's and HSDP's, DDP's with no_sync and ZeRO-1's one (the last
+    micro-step's), else one per micro-step (ddp_sync's, ZeRO-2's)."""
+    p = cfg.parallel
+    once = (p.no_sync and p.name == "ddp") or choice(p.name).zero_stage == 1 or choice(p.name).module == "fsdp2"
+    return 1 if once else cfg.train.grad_accum
+
+
+def zero_working_bytes(precision: str) -> int:
+    """The bytes of a DeepSpeed engine's working weights and reduced gradients: its fp16 mode's 2 where the
+    precision scales the loss, else the float32 engine's (parallel/zero.py)."""
+    return 2 if numerics(precision).loss_scaling else FP32
+
+
+def zero_traffic(cfg: AblateConfig) -> Optional[Dict[str, float]]:
+    """ZeRO-1/2's bytes a step per parameter by collective kind (the module docstring); None for ZeRO-3 and the
+    rest."""
+    if choice(cfg.parallel.name).zero_stage not in (1, 2):
+        return None
+    w = zero_working_bytes(cfg.precision.name)
+    return {"all_reduce": reductions(cfg) * w, "all_gather": w}
 
 
 def dp_replicate_bytes(cfg: AblateConfig, layout: Layout, n_params: int) -> float:
     if layout.dp_shard > 1 or cfg.parallel.name == "hsdp":
         return FP32 * n_params / (layout.tp * layout.dp_shard)
-    return ddp_reductions(cfg) * FP32 * n_params
+    return reductions(cfg) * FP32 * n_params
 
 
 def tp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
@@ -117,8 +146,8 @@ def tp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
     low = AUTOCAST_BYTES[cfg.precision.name]
     per_block = FP32 + low + (FP32 if m.moe else FP32 + low)   # attention's, then the feed-forward's
     activations = 2 * (ends * FP32 + blocks * per_block) * tokens * m.dim
-    per_micro = activations + (loss + (2 * blocks + ends - 1) * m.dim) * FP32
-    return t.grad_accum * per_micro
+    norms = (2 * blocks + ends - 1) * m.dim * FP32   # their gradients, accumulated and reduced once a step
+    return t.grad_accum * (activations + loss * FP32) + norms
 
 
 def pp_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
@@ -149,7 +178,7 @@ def ep_bytes(cfg: AblateConfig, layout: Layout) -> Optional[float]:
 
 def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str, Optional[float]]:
     """{mesh dim: bytes per optimizer step} for the dims of more than one rank (None: not modelled)."""
-    zero = cfg.parallel.name.startswith("zero")
+    zero, traffic = choice(cfg.parallel.name).zero_stage is not None, zero_traffic(cfg)
     out: Dict[str, Optional[float]] = {}
     if layout.pp > 1 and isinstance(cfg.model, ModelConfig):   # rank 0's share of the model
         n_params = rank0_params(cfg, layout, n_params)
@@ -160,8 +189,10 @@ def expected_comm(cfg: AblateConfig, layout: Layout, n_params: int) -> Dict[str,
             out[dim] = ep_bytes(cfg, layout)
         elif dim == "efsdp":
             out[dim] = efsdp_bytes(cfg, layout)
+        elif zero:
+            out[dim] = n_params * sum(traffic.values()) if traffic else None
         # (a model not built in: its experts' share under ep, like its stages' under pp, is not known here)
-        elif zero or ((layout.pp > 1 or layout.ep > 1) and not isinstance(cfg.model, ModelConfig)):
+        elif (layout.pp > 1 or layout.ep > 1) and not isinstance(cfg.model, ModelConfig):
             out[dim] = None
         elif dim == "dp_shard":
             out[dim] = dp_shard_bytes(cfg, layout, n_params)

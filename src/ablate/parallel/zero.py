@@ -23,6 +23,7 @@ from ablate.config import ConfigError, ParallelConfig, PrecisionConfig, TrainCon
 from ablate.metrics.counting import CollectiveCounter, CommCounter
 from ablate.parallel import choice
 from ablate.parallel.base import Strategy
+from ablate.parallel.comm_model import zero_working_bytes
 from ablate.parallel.mesh import Layout, group_names, world_dim
 from ablate.parallel.state_bytes import Breakdown, optimizer_state_bytes, storages, tensor_bytes
 from ablate.precision import Precision
@@ -147,7 +148,7 @@ class Zero(Strategy):
     @classmethod
     def plan_bytes(cls, numels, parallel, precision: Precision, layout) -> Breakdown:
         n, world = float(sum(numels)), layout.dp_shard   # ZeRO partitions over its whole (data-parallel) world
-        w = 2 if precision.spec.loss_scaling else 4   # fp16 working weights, else the fp32 engine
+        w = zero_working_bytes(precision.cfg.name)   # fp16 working weights, else the fp32 engine
         master = 4 * n / world                             # DeepSpeed's fp32 partition (stages 1-2: always)
         if choice(parallel.name).zero_stage in (1, 2):
             return Breakdown(w * n, w * n / world, master + 8 * n / world)

@@ -28,7 +28,7 @@ Pure arithmetic on the figures given: the plan (`ablate.plan --hardware`), a GPU
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from ablate import hardware
 from ablate.config import ModelConfig
@@ -36,11 +36,11 @@ from ablate.config.dims import BY_NAME
 from ablate.config.schedules import expected_of
 from ablate.model import build_net
 from ablate.model.facts import flop_model
-from ablate.parallel.comm_model import ddp_reductions, expected_comm
+from ablate.parallel.comm_model import expected_comm, fsdp_gathers, reductions, zero_traffic
 from ablate.precision import numerics
 from ablate.predict.kernels import work_of
 from ablate.predict.machine import Machine, compute_seconds, of_hardware, of_run
-from ablate.predict.network import BUS_FACTOR, comm_seconds, crosses_nodes, exposed, link_bytes_per_s, per_node
+from ablate.predict.network import BUS_FACTOR, comm_parts, crosses_nodes, exposed, link_bytes_per_s, per_node
 from ablate.predict.step import Step, strides
 
 __all__ = ["BUS_FACTOR", "Machine", "Step", "crosses_nodes", "link_bytes_per_s", "of_hardware", "per_node",
@@ -59,10 +59,11 @@ def predict(step: Step, machine: Machine) -> Dict[str, object]:
     if not machine.rate.get(step.column):
         return {"step_time_s": None, "why": f"{machine.name}: no matmul rate for {step.column}"}
     compute, parts = compute_seconds(step, machine)
-    comm = comm_seconds(step, machine, compute)
+    by_kind = comm_parts(step, machine, compute)
+    comm = {d: sum(p.values()) if p is not None else None for d, p in by_kind.items()}
     share = min(machine.overlap, 1.0)   # compute hides at most what the schedule lets it (a reading above 1 is noise)
-    hidden = {d: (s - share * (s - exposed(step, d, s, compute)) if s is not None else None)
-              for d, s in comm.items()}
+    hidden = {d: (sum(s - share * (s - exposed(step, d, s, compute, k)) for k, s in p.items()) if p is not None
+                  else None) for d, p in by_kind.items()}
     # a pipeline's stages wait (p - 1) of their micro-batch actions: each action is its compute and the collectives
     # on its critical path (tp's, ep's, the sends), so the bubble scales both
     in_action = sum(s for d, s in hidden.items() if s is not None and BY_NAME[d].hidden_by == "none")
@@ -146,7 +147,8 @@ def step_of(cfg, layout, flops, comm_bytes: Dict[str, Optional[float]], n_blocks
                 numerics(cfg.precision.name).peak_column, expected_of(cfg.parallel), calls=calls_of(cfg, layout,
                                                                                                      comm_bytes,
                                                                                                      n_blocks))
-    step.reductions = ddp_reductions(cfg)   # (every micro-step's but under DDP's no_sync)
+    step.reductions = reductions(cfg)
+    step.traffic = zero_split(cfg, comm_bytes)
     if n_params:
         cut = cfg.parallel.microbatches   # a pipeline runs each micro-batch through
         step.passes, step.micro_sequences, step.share = t.grad_accum * cut, t.batch_size / cut, 1 / layout.tp
@@ -174,23 +176,53 @@ def recorded_work(cfg, pp: int, batch: int):
         return None
 
 
+def zero_calls(cfg, n_params: float) -> Dict[str, float]:
+    """ZeRO-1/2's calls a step by kind (DeepSpeed's stage_1_and_2.py): each reduction's all-reduces, one per
+    reduce_bucket_size elements, and the gradient norm's and the overflow check's scalar ones (their latency priced
+    with the buckets'); the all-gathers of each parameter group (matrices and the rest: optim.py) in
+    allgather_bucket_size shards. Tiny, 2 ranks: 3 all-reduces and 2 all-gathers, as counted."""
+    p = cfg.parallel
+    return {"all_reduce": reductions(cfg) * math.ceil(n_params / p.reduce_bucket_size) + 2,
+            "all_gather": math.ceil(n_params / p.allgather_bucket_size) + 1}
+
+
+def zero_split(cfg, comm_bytes: Dict[str, Optional[float]]) -> Dict[str, Dict[str, Tuple[float, float]]]:
+    """Step.traffic for ZeRO-1/2's dp_shard: each kind's share of its bytes and its calls (empty for the rest)."""
+    traffic = zero_traffic(cfg)
+    if not traffic or not comm_bytes.get("dp_shard"):
+        return {}
+    per_param = sum(traffic.values())
+    calls = zero_calls(cfg, comm_bytes["dp_shard"] / per_param)   # (the bytes are the parameters' x per_param)
+    return {"dp_shard": {k: (b / per_param, calls[k]) for k, b in traffic.items()}}
+
+
 def calls_of(cfg, layout, comm_bytes: Dict[str, Optional[float]], n_blocks: int) -> Dict[str, float]:
-    """Collective calls per dim in one step (their latency): FSDP's two gathers (forward, backward) and one
-    reduce-scatter per unit (the blocks of a stage and the root) and micro-step; HSDP's all-reduce per unit and
-    micro-step, DDP's per bucket of each reduction (every micro-step's, or with no_sync the last's); TP's two
-    all-gathers and two reduce-scatters forward, as many backward, per block and micro-batch (sequence parallel; a
-    pipeline's micro-batches each pass the stage); a pipeline's sends per micro-batch: out of each of its v stages
-    forward, back out of each but the first (the comm model's bytes)."""
+    """Collective calls per dim in one step (their latency), as the comm model's bytes are moved: FSDP's gathers
+    per unit (the blocks of a stage and the root; comm_model.fsdp_gathers) and its one reduce-scatter a step; HSDP's
+    all-reduce per unit once a step, DDP's per bucket of each reduction (every micro-step's, or with no_sync the
+    last's); ZeRO-1/2's (zero_calls); TP's (sequence parallel) per micro-batch: two all-gathers and two
+    reduce-scatters per block forward, as many backward, the embedding's output and the head's input each way, the
+    loss's three all-reduces (vocab-parallel; else the logits' one gather), and once a step the norms' weight
+    gradients' (2 a block + the final norm); a pipeline's sends per micro-batch: out of each of its v stages
+    forward, back out of each but the first. The gradient norm (clip_grad_norm_ over DTensors) all-reduces once a
+    step over each dim that shards the gradients (dp_shard under FSDP, tp). Tiny, 2 blocks, counted on a fake group:
+    fsdp2 10 calls (grad_accum 2: 16), fsdp2 x tp2 dp_shard 10 and tp 29 (grad_accum 2: 16 and 52), hsdp 10 and 3."""
     micro, blocks = cfg.train.grad_accum, n_blocks / layout.pp
     pipeline = cfg.parallel.microbatches
     ddp = cfg.parallel.name in ("ddp", "ddp_sync")
-    reductions = ddp_reductions(cfg)   # each all-reduces the gradients in buckets
-    replicate = reductions * math.ceil((comm_bytes.get("dp_replicate") or 0) / reductions / DDP_BUCKET_BYTES) if ddp \
-        else micro * (blocks + 1)
+    each = reductions(cfg)   # each all-reduces the gradients in buckets
+    replicate = each * math.ceil((comm_bytes.get("dp_replicate") or 0) / each / DDP_BUCKET_BYTES) if ddp \
+        else blocks + 1   # HSDP's: each unit's reduced shard, once a step
+    zero = zero_split(cfg, comm_bytes)
+    shard = sum(calls for _, calls in zero["dp_shard"].values()) if zero else \
+        (fsdp_gathers(cfg, layout) + 1) * (blocks + 1) + 1
+    ends = 1 if layout.pp > 1 else 2   # the embedding (and, on the last stage, the head, the loss, the final norm)
+    loss = 0 if layout.pp > 1 else (3 if cfg.parallel.vocab_parallel else 1)
+    tp = micro * pipeline * (8 * blocks + 2 * ends + loss) + 2 * blocks + ends - 1 + 1
     # a mixture's, per block and micro-batch: FSDP's unit of the rank's experts (efsdp); ep's three all-to-alls
     # forward (the counts, the slots out, back) and two backward
     sends = 2 * cfg.parallel.pp_stages_per_rank - 1
-    return {"dp_shard": micro * 3 * (blocks + 1), "dp_replicate": replicate, "tp": micro * pipeline * 8 * blocks,
+    return {"dp_shard": shard, "dp_replicate": replicate, "tp": tp,
             "pp": micro * pipeline * sends, "efsdp": micro * 3 * blocks, "ep": micro * pipeline * 5 * blocks}
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from ablate.config.dims import strides
 from ablate.predict.kernels import Work
@@ -35,6 +35,9 @@ class Step:
     param_tensors: float = 0.0        # the parameter tensors a rank's optimizer steps (a pipeline stage's share)
     optimizer_signature: str = ""     # what a calibrated file's optimizer_us is keyed by (predict.optimizer_signature)
     calls: Dict[str, float] = field(default_factory=dict)
-    # the backwards whose gradients a dim hidden by the backward reduces (DDP's reductions, HSDP's micro-steps): the
-    # last call of each is issued as its backward ends, with nothing left to hide it
+    # the backwards whose gradients a dim hidden by the backward reduces (comm_model.reductions: DDP's and ZeRO's,
+    # HSDP's one): the last call of each is issued as its backward ends, with nothing left to hide it
     reductions: float = 1.0
+    # a dim whose strategy splits its traffic by collective kind (ZeRO-1/2's dp_shard: the gradients all-reduced,
+    # the partitions all-gathered): {dim: {kind: (its share of the dim's bytes, its calls)}}; else the declared kind
+    traffic: Dict[str, Dict[str, Tuple[float, float]]] = field(default_factory=dict)
