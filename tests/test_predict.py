@@ -123,8 +123,8 @@ def test_zero_all_reduces_the_gradients_and_all_gathers_the_partitions():
 def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     """The per-op model's calibrated terms on fixed figures (no timing): an op timed at its own shapes costs that
     time (plus autograd's per op) where the rank runs it as recorded, its class's rate where not; every
-    forward-backward of a step launches its ops again; the optimizer pays per tensor; a strategy's bookkeeping is
-    per unit and pass; communication hides by the machine's measured overlap only."""
+    forward-backward of a step launches its ops again; the optimizer pays per tensor; a strategy's bookkeeping and
+    what runs between the ops are per unit and pass; communication hides by the machine's measured overlap only."""
     from dataclasses import replace
 
     from ablate.predict.kernels import Work
@@ -134,7 +134,8 @@ def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     work = Work(((1.0, ops),), batch=4, param_tensors=10)
     machine = replace(MACHINE, attention={"bf16": 50e12}, memory_bytes_per_s=1e12, launch_s=1e-3,
                       op_seconds={"mm(a)": 0.5}, autograd_s=1e-4, optimizer_tensor_s=1e-2,
-                      strategy_unit={strategy_key("fsdp2", {**ONE, "dp_shard": 2}): 0.1}, overlap=0.0)
+                      strategy_unit={strategy_key("fsdp2", {**ONE, "dp_shard": 2}): 0.1}, overlap=0.0,
+                      framework_unit=0.01)
     as_recorded = step(work=work, passes=3, micro_sequences=4, share=1.0, param_tensors=10, strategy="fsdp2",
                        sizes={**ONE, "dp_shard": 2}, n_blocks=4, comm_bytes={"dp_shard": 1e9})
     p = predict(as_recorded, machine)
@@ -148,6 +149,7 @@ def test_calibrated_terms_price_ops_as_timed_and_each_pass_launches_again():
     assert predict(replace(as_recorded, optimizer_signature="adamw|10|900"), timed_step)["compute_s_by_class"][
         "optimizer"] == pytest.approx(10 * 1e-2)                          # another layout's: per tensor
     assert parts["strategy"] == pytest.approx(0.1 * 3 * (4 + 1))
+    assert parts["framework"] == pytest.approx(0.01 * 3 * (4 + 1))   # the Python between ops: per unit and pass
     assert p["exposed_comm_s"]["dp_shard"] == pytest.approx(p["comm_s"]["dp_shard"])   # overlap 0: all of it
     busy = predict(as_recorded, replace(machine, overlap=1.7))   # a noisy reading hides no more than a schedule
     assert busy["exposed_comm_s"]["dp_shard"] == pytest.approx(predict(as_recorded, replace(machine, overlap=1.0))[
@@ -345,7 +347,9 @@ def test_calibrate_writes_a_hardware_file_the_plan_predicts_with(tmp_path, capsy
     capsys.readouterr()
     plan.main(["--json", "--hardware", str(tmp_path / "here.yaml"), "model=tiny"])
     p = json.loads(capsys.readouterr().out)["predicted"]
-    assert p["step_time_s"] > 0 and set(p["compute_s_by_class"]) == {"matmul", "attention", "memory", "optimizer"}
+    assert p["step_time_s"] > 0 and set(p["compute_s_by_class"]) == {"matmul", "attention", "memory", "optimizer",
+                                                                       "framework"}
+    assert "less what this file's per-op figures price it at" in hw.provenance["framework_unit_us"]
     assert p["compute_s_by_class"]["optimizer"] == pytest.approx(next(iter(hw.optimizer_seconds.values())))
     bad = tmp_path / "bad.yaml"
     bad.write_text(re.sub(r"launch_us: .*", "launch_us: fast", (tmp_path / "here.yaml").read_text()))

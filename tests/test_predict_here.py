@@ -181,8 +181,9 @@ def test_two_ranks_probe_gloo_themselves_and_predict_the_collectives_they_then_m
 def test_a_call_past_the_small_sizes_costs_what_the_large_ones_measured_and_calibrate_reads_its_bandwidth_there():
     """Past the caches a byte costs more: the small sizes' line (1 ms + 1 ns a byte) holds to 4 MB; at 16 and 32 MB
     the probe's own figures, a line between them, and on past 32 MB with its slope. calibrate's bus bandwidth is
-    the one at the run's mean call (fixed figures, in process)."""
-    from ablate.calibrate import collective_figures
+    the one at the run's mean call, its latency a base and a hop per ring step through its layout's group sizes
+    (fixed figures, in process)."""
+    from ablate.calibrate import collective_figures, ring_latency
 
     mb = 1 << 20
     points = [[n, 1e-3 + n * 1e-9] for n in collectives.SMALL] + [[16 * mb, 0.030], [32 * mb, 0.070]]
@@ -197,3 +198,9 @@ def test_a_call_past_the_small_sizes_costs_what_the_large_ones_measured_and_cali
     assert collective_figures(entry, 2, 32 * mb)["latency"]["base"] == pytest.approx(1e-3)   # the small sizes' line
     assert small["all_reduce"] == pytest.approx(1.0 / 1e-9)                    # 2(n-1)/n = 1 for two ranks
     assert large["all_gather"] == pytest.approx(0.5 * 32 * mb / (0.070 - 1e-3))  # (n-1)/n x bytes / (time - latency)
+    # a layout of groups of 2 and of 4 (1 ms and 3 ms a call): a base and a hop per ring step through the two
+    slower = [[n, 3e-3 + n * 1e-9] for n in collectives.SMALL]
+    hop, after = ring_latency({2: entry, 4: {"costs": [{"work_s": 0.001, **{k: slower for k in collectives.KINDS}}]}},
+                              1 * mb)
+    assert hop == pytest.approx(1e-3) and after == {0.001: pytest.approx(0.0)}   # 0 + (n - 1) x 1 ms
+    assert ring_latency({2: entry}, 1 * mb) == (0.0, {0.001: pytest.approx(1e-3)})

@@ -9,13 +9,17 @@ figure of the step-time model it can (docs/prediction.md, "Calibrate"), and writ
 - memory_gbytes_per_s: a large elementwise add (two reads, one write);
 - launch_us: one op on one-element tensors (a CPU's dispatch; a GPU's, synchronised at the end);
 - collective_gbytes_per_s, collective_latency_us: the lockstep probe (predict/collectives.py) among the local
-  processes a run would have (launcher.nproc_per_node), per kind: nccl-tests' bus bandwidth at the run's mean
-  call (the comm model's bytes over its calls), the intercept of the line fitted to small calls the latency;
+  processes a run would have (launcher.nproc_per_node), in the groups its layout makes, per kind: nccl-tests' bus
+  bandwidth at the run's mean call (the comm model's bytes over its calls) in the group that carries the most
+  bytes, the intercept of the line fitted to small calls the latency (several group sizes: a base and a hop per
+  ring step through the smallest and the largest);
 - op_us, autograd_us, optimizer_tensor_us, optimizer_us, overlap (calibrate/ops.py): each op of the run's forward
   and backward replayed at its shapes; what autograd adds to an op; the optimizer and clipping per parameter
   tensor; the run's optimizer step at the rank's sizes; the share of a collective that compute beside it hides;
 - strategy_unit_us (calibrate/strategy.py): the strategy's own bookkeeping per unit, on the model's structure
   shrunk to nothing;
+- framework_unit_us (calibrate/strategy.py): what a unit's forward and backward cost beyond its ops (module calls,
+  the loop), the shrunk model's step alone less what the file's per-op figures price it at;
 - peak_tflops: the measured matmul rates (on a CPU there is no datasheet: MFU against what this machine does).
 Nothing is fitted to training: each figure is one kernel's or one loop's, timed alone.
 """
@@ -34,9 +38,9 @@ import psutil
 import torch
 import yaml
 
-from ablate import usable_cores
+from ablate import hardware, usable_cores
 from ablate.calibrate.ops import micro_batch, overlap_share, per_op, per_op_together, timed
-from ablate.calibrate.strategy import unit_seconds
+from ablate.calibrate.strategy import alone_seconds, framework_unit_seconds, shrinkable, unit_seconds
 from ablate.compose import config_of
 from ablate.config import ConfigError, ModelConfig, exit_code_of
 from ablate.metrics.host import cpu_model
@@ -88,9 +92,9 @@ def launch_seconds(device) -> float:
     return timed(lambda: [a.add(1.0) for _ in range(100)], device) / 100
 
 
-def collective_figures(entry: Dict, procs: int, call_bytes: float) -> Dict[str, Dict[str, float]]:
+def collective_figures(entry: Dict, group: int, call_bytes: float) -> Dict[str, Dict[str, float]]:
     """{kind: busbw bytes/s} at the run's size of call and {base: latency s} from the lockstep probe's (`entry`)
-    least-work segment, `procs` local processes in one group; and {work s: base latency s} from each of its segments
+    least-work segment, in groups of `group` ranks; and {work s: base latency s} from each of its segments
     (`after`): a call costs more the longer the compute before it. The bus bandwidth is nccl-tests' at that size
     (bus factor x bytes / the call's time less its latency): past the caches a byte costs more."""
     least = entry["costs"][0]
@@ -99,7 +103,7 @@ def collective_figures(entry: Dict, procs: int, call_bytes: float) -> Dict[str, 
         latency, per_byte = collectives.small_line(least[kind])
         beyond_latency = collectives.by_size(least[kind], call_bytes) - latency
         if per_byte and beyond_latency > 0:
-            busbw[kind] = factor(procs) * call_bytes / beyond_latency
+            busbw[kind] = factor(group) * call_bytes / beyond_latency
     after = {segment["work_s"]: statistics.median(collectives.small_line(segment[kind])[0] for kind in BUS)
              for segment in entry["costs"]}
     return {"busbw": busbw, "latency": {"base": after[least["work_s"]]}, "after": after}
@@ -127,6 +131,52 @@ def call_bytes(step) -> float:
     priced = [(nbytes, step.calls.get(dim, 0.0)) for dim, nbytes in step.comm_bytes.items()
               if nbytes and step.calls.get(dim)]
     return sum(b for b, _ in priced) / sum(c for _, c in priced) if priced else float(collectives.SMALL[-1])
+
+
+def ring_latency(probes: Dict[int, Dict], call_bytes: float) -> Tuple[float, Dict[float, float]]:
+    """(seconds a ring step adds to a call, {work s: base latency s}) from the probes of a layout's group sizes: NCCL's
+    ring model (predict/network.py's latency_s: a base plus a hop per ring step) through the smallest and the
+    largest group's least-work latencies; one group size: no hop, its own figures."""
+    low, high = min(probes), max(probes)
+    after = collective_figures(probes[low], low, call_bytes)["after"]
+    if high == low:
+        return 0.0, after
+    least = min(after)
+    hop = (collective_figures(probes[high], high, call_bytes)["latency"]["base"] - after[least]) / (high - low)
+    return hop, {work: seconds - (low - 1) * hop for work, seconds in after.items()}
+
+
+def groups_of(step, procs: int) -> Tuple[List[int], int]:
+    """The group sizes a run's collectives use (its dims of more than one rank; none: the `procs` local processes in
+    one) and the one that carries the most of its bytes (its bus bandwidth is read there)."""
+    sizes = {dim: step.sizes[dim] for dim in step.comm_bytes if step.sizes.get(dim, 1) > 1}
+    if not sizes:
+        return [procs], procs
+    main = max(sizes, key=lambda dim: step.comm_bytes[dim] or 0.0)
+    return sorted(set(sizes.values())), sizes[main]
+
+
+def collective_entries(step, procs: int, stamp: str) -> Tuple[Dict[str, object], Dict[str, str]]:
+    """The collective figures of the hardware file and their provenance: the lockstep probe among the run's `procs`
+    local processes in the groups its layout makes (cached per host, as the runs' own predictions read it)."""
+    size = call_bytes(step)
+    groups, main = groups_of(step, procs)
+    probes = collectives.table(procs, groups)
+    figures = collective_figures(probes[main], main, size)
+    hop, after = ring_latency(probes, size)
+    out = {"collective_gbytes_per_s": {k: v / 1e9 for k, v in figures["busbw"].items()},
+           "collective_latency_us": {"base": after[min(after)] * 1e6, "hop_nvlink": hop * 1e6, "hop_network": 0.0},
+           "collective_latency_after_us": {round(w * 1e6, 1): s * 1e6 for w, s in after.items()}}
+    groups_text = " and ".join(str(g) for g in groups)
+    provenance = {
+        "collective_latency_after_us": f"{stamp}): the lockstep probe's base latency (the median of its kinds' "
+                                       f"lines) after each of its amounts of work (us), groups of {groups_text} "
+                                       f"among {procs} processes (several sizes: a ring step's hop through the "
+                                       "smallest and the largest)",
+        "collective_gbytes_per_s": f"{stamp}): the lockstep probe, {procs} gloo processes in groups of {main} (the "
+                                   f"layout's most bytes), per kind at the run's mean call ({size / 2**20:.2f} MB): "
+                                   "bus factor x bytes / (its time less the fitted latency)"}
+    return out, provenance
 
 
 def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str, object]:
@@ -158,25 +208,18 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
                                   f"rank's {len(numels)} parameters of its own sizes, median{at_once}",
                   "op_us": f"{stamp}): each op of {micro_batch(cfg)} sequence(s)' forward and backward of this "
                            f"model, replayed at its shapes in the step's order, median{at_once}"}
-    unit = unit_seconds(argv, cfg) if device.type == "cpu" else None
+    without = alone_seconds(argv, cfg) if device.type == "cpu" and shrinkable(cfg) else None
+    out["alone"] = (without, stamp)   # (framework_unit's, once the file's figures are written: `main`)
+    unit = unit_seconds(argv, cfg, without) if without is not None else None
     if unit is not None:
         out["strategy_unit_us"] = {unit[0]: unit[1] * 1e6}
         provenance["strategy_unit_us"] = (f"{stamp}): the step of this model's blocks at a few elements a matrix "
                                           "with the strategy on a gloo group, less the calls the network model "
                                           "prices, less it on one rank alone, per unit (blocks + 1)")
     if procs > 1 and device.type == "cpu":
-        size = call_bytes(step)
-        probe = collectives.table(procs, [procs])[procs]   # cached per host, as the runs' own predictions read it
-        figures = collective_figures(probe, procs, size)
-        out["collective_gbytes_per_s"] = {k: v / 1e9 for k, v in figures["busbw"].items()}
-        out["collective_latency_us"] = {"base": figures["latency"]["base"] * 1e6, "hop_nvlink": 0.0,
-                                        "hop_network": 0.0}
-        out["collective_latency_after_us"] = {round(w * 1e6, 1): s * 1e6 for w, s in figures["after"].items()}
-        provenance["collective_latency_after_us"] = (f"{stamp}): the lockstep probe's base latency (the median of "
-                                                     "its kinds' lines) after each of its amounts of work (us)")
-        provenance["collective_gbytes_per_s"] = (f"{stamp}): the lockstep probe, {procs} gloo processes, per kind "
-                                                 f"at the run's mean call ({size / 2**20:.2f} MB): bus factor x "
-                                                 "bytes / (its time less the fitted latency)")
+        figures, sources = collective_entries(step, procs, stamp)
+        out.update(figures)
+        provenance.update(sources)
         out["overlap"] = overlap_share(max(1, usable_cores() // procs))
         provenance["overlap"] = (f"{stamp}): 2 gloo processes, a 4 MB all-reduce issued asynchronously beside a "
                                  "matmul loop, against the two one after the other (above 1: the host was busy; "
@@ -196,6 +239,14 @@ def hardware_file(figures: Dict[str, object], device: torch.device, threads: int
             "network_gbits_per_s": None, **figures,
             "provenance": {**figures["provenance"], "peak_tflops": "the measured matmul rates (no datasheet)",
                            "threads": f"{threads} per process"}}
+
+
+def with_framework(node: Dict[str, object], seconds: float, stamp: str) -> None:
+    """The file's framework_unit_us and its provenance (calibrate/strategy.py's framework_unit_seconds)."""
+    node["framework_unit_us"] = seconds * 1e6
+    node["provenance"]["framework_unit_us"] = (f"{stamp}): the step of this model's blocks at a few elements a matrix "
+                                               "on one rank alone, less what this file's per-op figures price it at, "
+                                               "per unit (blocks + 1) and forward-backward")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -220,8 +271,13 @@ def main(argv: List[str] = None) -> int:
         procs = cfg.launcher.nproc_per_node
         threads = max(1, usable_cores() // procs)
         torch.set_num_threads(threads)
-        node = hardware_file(measured(cfg, device, procs, argv), device, threads)
+        figures = measured(cfg, device, procs, argv)
+        without, stamp = figures.pop("alone")
+        node = hardware_file(figures, device, threads)
         Path(args.out).write_text(yaml.safe_dump(node, sort_keys=False))
+        if without is not None:   # priced by the figures just written
+            with_framework(node, framework_unit_seconds(argv, cfg, without, hardware.load(Path(args.out))), stamp)
+            Path(args.out).write_text(yaml.safe_dump(node, sort_keys=False))
     except ConfigError as e:
         return exit_code_of(e)
     except OSError as e:

@@ -20,7 +20,7 @@ KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_
         # the step-time model's rates (predict/kernels.py, predict/__init__.py)
         "matmul_tflops", "attention_tflops", "memory_gbytes_per_s", "launch_us", "collective_gbytes_per_s",
         "collective_latency_us", "collective_latency_after_us", "op_us", "autograd_us", "optimizer_tensor_us",
-        "optimizer_us", "overlap", "strategy_unit_us", "provenance")
+        "optimizer_us", "overlap", "strategy_unit_us", "framework_unit_us", "provenance")
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 # Parts that share a family name with a file here but run at other clocks and power (H100/H200 NVL, GB200, GH200):
 # no file of theirs, so they get none rather than the SXM/B200 one, which would read their MFU ~15% low. Set
@@ -53,6 +53,7 @@ class Hardware:
     # on a CPU, where a call waits longer for its slowest peer the longer the work before it
     collective_latency_after_s: Optional[Dict[str, float]] = None
     optimizer_seconds: Optional[Dict[str, float]] = None   # a rank's optimizer step timed at its shapes (its signature)
+    framework_unit_s: Optional[float] = None   # what a unit's forward and backward cost beyond its ops, per pass
 
     def record(self) -> Dict[str, object]:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_flops": self.peak_flops,
@@ -95,7 +96,7 @@ def load(path: Path, key: str = "--hardware") -> Hardware:
                     _number(node, "overlap", 1.0, path, key), _number(node, "optimizer_tensor_us", 1e-6, path, key),
                     scaled(node, "strategy_unit_us", 1e-6, path, key),
                     scaled(node, "collective_latency_after_us", 1e-6, path, key),
-                    scaled(node, "optimizer_us", 1e-6, path, key))
+                    scaled(node, "optimizer_us", 1e-6, path, key), _number(node, "framework_unit_us", 1e-6, path, key))
 
 
 def scaled(node, name: str, unit: float, path, key: str) -> Optional[Dict[str, float]]:

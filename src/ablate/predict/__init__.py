@@ -6,20 +6,21 @@ Per optimizer step and rank:
   memory bandwidth, attention at SDPA's kernel rate, every other op at the memory bandwidth, each at least a
   launch, or the time the machine measured for that very op (a calibrated file's op_us), each + autograd's per op,
   on every forward-backward of the step - the optimizer's step over the rank's shard (memory-bound, + a time per
-  parameter tensor) and the strategy's own bookkeeping per unit (a calibrated file's); where the machine has no such
-  figures,
-  the hardware FLOPs over the matmul rate (a bound on a datasheet's). Under a pipeline a stage's micro-batch
-  actions (their compute and the collectives on their critical path: tp's, ep's, the sends) take that over
-  1 - the schedule's expected bubble (config/schedules.py);
-- communication per mesh dim (predict/network.py) = the comm model's bytes (parallel/comm_model.py) x the
-  collective's bus factor / the bus bandwidth of the link the dim crosses (nccl-tests' figures per kind within a
-  node; across nodes one NIC per rank of the group on a node), plus NCCL's latency per call;
-- what of it is exposed, as each strategy schedules it: FSDP2/HSDP/ZeRO's gathers and reduce-scatters run a block
+  parameter tensor), what runs between the ops and the strategy's own bookkeeping per unit (a calibrated file's);
+  where the machine has no such figures, the hardware FLOPs over the matmul rate (a bound on a datasheet's). Under
+  a pipeline a stage's micro-batch actions (their compute and the collectives on their critical path: tp's, ep's,
+  the sends) take that over 1 - the schedule's expected bubble (config/schedules.py);
+- communication per mesh dim and collective kind (predict/network.py) = the comm model's bytes
+  (parallel/comm_model.py) x the collective's bus factor / the bus bandwidth of the link the dim crosses
+  (nccl-tests' figures per kind within a node; across nodes one NIC per rank of the group on a node), plus NCCL's
+  latency per call;
+- what of it is exposed, as each strategy schedules it: FSDP2/HSDP's gathers and reduce-scatters run a block
   ahead, behind the compute, all but the first gather and the last reduce-scatter (one unit's of the blocks + the
   root) when the compute is longer; DDP's and HSDP's all-reduce overlap the backward (2/3 of the compute), all but
-  the last call of each reduction (issued as its backward ends); tensor parallelism's collectives and the
-  pipeline's sends sit on the critical path, all exposed; of what a schedule would hide, the machine hides its
-  `overlap` share (a calibrated CPU's gloo runs on the ranks' own cores).
+  the last call of each reduction (issued as its backward ends), as do ZeRO-1/2's, whose gather of the updated
+  partitions follows the optimizer step; tensor parallelism's collectives and the pipeline's sends sit on the
+  critical path, all exposed; of what a schedule would hide, the machine hides its `overlap` share (a calibrated
+  CPU's gloo runs on the ranks' own cores).
 step = (compute + critical-path communication) (/ (1 - bubble)) + the rest of the exposed communication. Left
 out: data wait, torch.compile's fusion, the interference of communication with the compute it overlaps on a GPU.
 Pure arithmetic on the figures given: the plan (`ablate.plan --hardware`), a GPU run (`for_run`: summary.json's

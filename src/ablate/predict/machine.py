@@ -35,6 +35,7 @@ class Machine:
     strategy_unit: Optional[Dict[str, float]] = None   # a strategy's bookkeeping per unit and pass, by strategy_key
     latency_after: Tuple[Tuple[float, float], ...] = ()   # (seconds of compute before a call, its base latency)
     optimizer_seconds: Optional[Dict[str, float]] = None   # a rank's whole optimizer step, timed at its shapes
+    framework_unit: float = 0.0   # what a unit's forward and backward cost beyond its ops (module calls, the loop)
 
     def intra_of(self, kind: str) -> Optional[float]:
         return (self.collective or {}).get(kind) or self.intra_bytes_per_s
@@ -76,9 +77,12 @@ def compute_seconds(step: Step, machine: Machine) -> Tuple[float, Dict[str, floa
     timed_step = (machine.optimizer_seconds or {}).get(step.optimizer_signature)   # this very step, timed here
     parts["optimizer"] = timed_step if timed_step is not None else \
         step.optimizer_bytes / bandwidth + step.param_tensors * machine.optimizer_tensor_s
+    units = step.passes * (step.n_blocks / step.sizes.get("pp", 1) + 1)   # (a stage's blocks and the root)
+    if machine.framework_unit:   # the Python between the ops: module calls, the loop
+        parts["framework"] = machine.framework_unit * units
     unit = (machine.strategy_unit or {}).get(strategy_key(step.strategy, step.sizes))
-    if unit is not None:   # FSDP's copies and hooks, DTensor's rules: per unit (the stage's blocks and the root)
-        parts["strategy"] = unit * step.passes * (step.n_blocks / step.sizes.get("pp", 1) + 1)
+    if unit is not None:   # FSDP's copies and hooks, DTensor's rules
+        parts["strategy"] = unit * units
     return sum(parts.values()), parts
 
 
@@ -98,7 +102,7 @@ def of_hardware(hw) -> Machine:
                    hw.collective_latency_s, hw.op_seconds, hw.autograd_s or 0.0,
                    1.0 if hw.overlap is None else hw.overlap, hw.optimizer_tensor_s or 0.0, hw.strategy_unit_s,
                    tuple(sorted((float(k) * 1e-6, v) for k, v in (hw.collective_latency_after_s or {}).items())),
-                   hw.optimizer_seconds)
+                   hw.optimizer_seconds, hw.framework_unit_s or 0.0)
 
 
 def of_run(hw, measured_rate: Optional[float], column: str) -> Machine:
