@@ -167,7 +167,7 @@ def test_which_dims_cross_nodes_follows_the_row_major_mesh():
 
 def test_a_group_across_nodes_gets_one_nic_per_rank_a_node_and_hsdps_replicas_one():
     """nccl-tests' multi-node rings run rail to rail: 8 ranks a node of one FSDP group cross on 8 NICs; HSDP's
-    replicate dim, one rank a node, on one; never more than the node's own bandwidth."""
+    replicate dim, one rank a node, on one; never more than the node's own bandwidth. An all-to-all: one NIC."""
     fsdp = step(strategy="fsdp2", sizes={**ONE, "dp_shard": 64}, comm_bytes={"dp_shard": 64e9})
     p = predict(fsdp, MACHINE)   # 8 x 10e9 = 80e9 < 100e9 within a node
     assert p["comm_s"]["dp_shard"] == pytest.approx(64e9 * (63 / 64) / 80e9)
@@ -179,6 +179,9 @@ def test_a_group_across_nodes_gets_one_nic_per_rank_a_node_and_hsdps_replicas_on
     fast = Machine(rate={"bf16": 100e12}, peak={"bf16": 200e12}, intra_bytes_per_s=100e9, inter_bytes_per_s=50e9,
                    rate_source="fixed", name="fast nics")
     assert predict(fsdp, fast)["comm_s"]["dp_shard"] == pytest.approx(64e9 * (63 / 64) / 100e9)   # capped
+    # an all-to-all over 2 nodes of 8: no ring to spread over the node's NICs, each rank's traffic on its own one
+    experts = step(strategy="fsdp2", sizes={**ONE, "dp_shard": 16, "ep": 16}, comm_bytes={"ep": 16e9})
+    assert predict(experts, MACHINE)["comm_s"]["ep"] == pytest.approx(16e9 * (15 / 16) / 10e9)
 
 
 def test_a_pipelines_bubble_stretches_its_compute_and_unknowns_stay_unknown():

@@ -21,7 +21,7 @@ KEYS = ("name", "device_names", "memory_gib", "peak_tflops", "nvlink_gbytes_per_
         "matmul_tflops", "attention_tflops", "memory_gbytes_per_s", "launch_us", "collective_gbytes_per_s",
         "collective_latency_us", "collective_latency_after_us", "op_us", "autograd_us", "optimizer_tensor_us",
         "optimizer_us", "overlap", "strategy_unit_us", "framework_unit_us", "provenance")
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 # Parts that share a family name with a file here but run at other clocks and power (H100/H200 NVL, GB200, GH200):
 # no file of theirs, so they get none rather than the SXM/B200 one, which would read their MFU ~15% low. Set
 # metrics.peak_tflops for them, or give ablate.plan a file of their own.

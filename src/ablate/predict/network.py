@@ -42,13 +42,17 @@ def link_bytes_per_s(step: Step, dim: str, machine: Machine, kind_of: Optional[s
     group on each node (NCCL's rings run one per NIC, rail to rail: a group of 8 ranks a node uses 8 NICs, HSDP's
     replicate dim with one rank a node uses one), at most the node's own bandwidth. Source: nccl-tests' multi-node
     all-reduce bus bandwidth on 8 x H100 SXM nodes with NDR InfiniBand (one 400 Gb/s NIC a GPU) is 400-450 GB/s at
-    large messages (saturncloud.io/blog/crusoe-nccl-cluster-validation), 8 NICs' 50 GB/s, not one's."""
-    intra = machine.intra_of(kind_of or kind(dim))
+    large messages (saturncloud.io/blog/crusoe-nccl-cluster-validation), 8 NICs' 50 GB/s, not one's. An all-to-all
+    has no ring to spread over the node's NICs: each rank's own traffic leaves on one, so its bus bandwidth across
+    nodes is one NIC's ("Alltoall cannot aggregate the bandwidth of multiple NICs", NCCL's maintainer on 6 nodes of 8
+    H100s, NVIDIA/nccl-tests issue 267)."""
+    traffic = kind_of or kind(dim)
+    intra = machine.intra_of(traffic)
     if not crosses_nodes(step, dim):
         return intra
     if not machine.inter_bytes_per_s:
         return None
-    nics = machine.inter_bytes_per_s * per_node(step, dim)
+    nics = machine.inter_bytes_per_s * (1 if traffic == "all_to_all" else per_node(step, dim))
     return min(nics, intra) if intra else nics
 
 
