@@ -32,7 +32,7 @@ import statistics
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import psutil
 import torch
@@ -179,12 +179,18 @@ def collective_entries(step, procs: int, stamp: str) -> Tuple[Dict[str, object],
     return out, provenance
 
 
-def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str, object]:
-    """Every figure this machine gives, with its provenance."""
-    s = shapes(cfg)
+def stamp_of(device: torch.device) -> str:
+    """A figure's provenance, up to how it was measured: this host, its part, torch, now."""
     part = cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device)
-    stamp = (f"measured here ({socket.gethostname()}, {part}, torch {torch.__version__}, "
-             f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+    return (f"measured here ({socket.gethostname()}, {part}, torch {torch.__version__}, "
+            f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+
+
+def measured(cfg, device: torch.device, procs: int, argv: List[str], without: Optional[float]) -> Dict[str, object]:
+    """Every figure this machine gives, with its provenance; `without`: the shrunk model's step alone
+    (calibrate/strategy.py's alone_seconds; None where it has none)."""
+    s = shapes(cfg)
+    stamp = stamp_of(device)
     matmul = {c: matmul_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
     attention = {c: attention_rate(s, d, device) / 1e12 for c, d in COLUMNS.items()}
     together = procs > 1 and device.type == "cpu"   # timed as the ranks will run them: all at once
@@ -208,8 +214,6 @@ def measured(cfg, device: torch.device, procs: int, argv: List[str]) -> Dict[str
                                   f"rank's {len(numels)} parameters of its own sizes, median{at_once}",
                   "op_us": f"{stamp}): each op of {micro_batch(cfg)} sequence(s)' forward and backward of this "
                            f"model, replayed at its shapes in the step's order, median{at_once}"}
-    without = alone_seconds(argv, cfg) if device.type == "cpu" and shrinkable(cfg) else None
-    out["alone"] = (without, stamp)   # (framework_unit's, once the file's figures are written: `main`)
     unit = unit_seconds(argv, cfg, without) if without is not None else None
     if unit is not None:
         out["strategy_unit_us"] = {unit[0]: unit[1] * 1e6}
@@ -271,12 +275,12 @@ def main(argv: List[str] = None) -> int:
         procs = cfg.launcher.nproc_per_node
         threads = max(1, usable_cores() // procs)
         torch.set_num_threads(threads)
-        figures = measured(cfg, device, procs, argv)
-        without, stamp = figures.pop("alone")
-        node = hardware_file(figures, device, threads)
+        without = alone_seconds(argv, cfg) if device.type == "cpu" and shrinkable(cfg) else None
+        node = hardware_file(measured(cfg, device, procs, argv, without), device, threads)
         Path(args.out).write_text(yaml.safe_dump(node, sort_keys=False))
         if without is not None:   # priced by the figures just written
-            with_framework(node, framework_unit_seconds(argv, cfg, without, hardware.load(Path(args.out))), stamp)
+            with_framework(node, framework_unit_seconds(argv, cfg, without, hardware.load(Path(args.out))),
+                           stamp_of(device))
             Path(args.out).write_text(yaml.safe_dump(node, sort_keys=False))
     except ConfigError as e:
         return exit_code_of(e)
